@@ -1,0 +1,167 @@
+"""Conformance harnesses: drive the ReplaySSM kernels through the same ring/cursor protocol as
+the SGLang backend (docs/design.md), for one SSM layer and a fixed batch of requests.
+
+The harness keeps a small slot pool with one spare slot on each side and maps row `i` to slot
+`batch - i` (reversed), so slot indirection is exercised and the spare slots can be checked for
+stray writes. Nothing here re-implements the kernels in torch.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from replayssm_kernels import commit_prepare, decode_prepare, pending_fold_plan
+from replayssm_kernels.gdn import alloc_gdn_rings, gdn_replay_decode, gdn_replay_fold, gdn_replay_verify
+
+__all__ = ["GDNHarness"]
+
+
+class _RingHarness:
+    """Slot pool, cursors and the decode / verify / commit sequencing shared by both families."""
+
+    def __init__(self, *, batch: int, ring_len: int, max_draft_tokens: int, device) -> None:
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        if ring_len < 1:
+            raise ValueError(f"ring_len must be >= 1, got {ring_len}")
+        if max_draft_tokens < 0:
+            raise ValueError(f"max_draft_tokens must be >= 0, got {max_draft_tokens}")
+        if ring_len < max_draft_tokens:
+            raise ValueError(
+                f"ring_len={ring_len} is too small for max_draft_tokens={max_draft_tokens}: a verify "
+                f"window of up to {max_draft_tokens} drafts must fit an empty ring "
+                f"(ring_len >= max_draft_tokens)"
+            )
+        self.batch = batch
+        self.ring_len = ring_len
+        self.max_draft_tokens = max_draft_tokens
+        self.device = torch.device(device)
+        self.num_slots = batch + 2
+        self.slot_idx = torch.arange(batch, 0, -1, dtype=torch.int32, device=self.device)
+        self.wpos = torch.zeros(self.num_slots, dtype=torch.int32, device=self.device)
+        self.origin = torch.zeros(self.num_slots, dtype=torch.int32, device=self.device)
+        self._mode: Optional[str] = None
+        self._pending_verify: Optional[int] = None
+        self._act_dtype: Optional[torch.dtype] = None
+
+    # -- sequencing -------------------------------------------------------------------------
+    def _enter(self, mode: str) -> None:
+        if self._mode is not None and self._mode != mode:
+            raise RuntimeError(f"this harness already ran {self._mode}; decode and verify are not mixed")
+        self._mode = mode
+
+    def _check_dtype(self, dtype: torch.dtype) -> bool:
+        """Rings live in the activation dtype; returns True when they must be (re)allocated."""
+        if self._act_dtype == dtype:
+            return False
+        if self._act_dtype is not None and bool((self.wpos != 0).any()):
+            raise RuntimeError(f"activation dtype changed from {self._act_dtype} to {dtype} with pending ring entries")
+        self._act_dtype = dtype
+        return True
+
+    def _decode_plan(self, force_flush: Optional[torch.Tensor]):
+        if self._pending_verify is not None:
+            raise RuntimeError("commit() must follow every verify()")
+        self._enter("decode")
+        if force_flush is not None:
+            force_flush = torch.as_tensor(force_flush, device=self.device).to(torch.int32).contiguous()
+        return decode_prepare(self.slot_idx, self.wpos, self.ring_len, force_flush=force_flush)
+
+    def _verify_begin(self, T: int) -> None:
+        if self._pending_verify is not None:
+            raise RuntimeError("commit() must follow every verify()")
+        if not 1 <= T <= self.max_draft_tokens:
+            raise ValueError(f"verify takes 1..{self.max_draft_tokens} drafts per row, got {T}")
+        self._enter("verify")
+        self._pending_verify = T
+
+    def _commit_plan(self, num_accepted) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._pending_verify is None:
+            raise RuntimeError("commit() without a preceding verify()")
+        acc = torch.as_tensor(num_accepted, device=self.device).to(torch.int32).reshape(-1).contiguous()
+        if acc.shape[0] != self.batch:
+            raise ValueError(f"num_accepted must have {self.batch} entries, got {acc.shape[0]}")
+        T = self._pending_verify
+        if bool(((acc < 1) | (acc > T)).any()):
+            raise ValueError(f"num_accepted must be in 1..{T}, got {acc.tolist()}")
+        self._pending_verify = None
+        return commit_prepare(self.slot_idx, self.wpos, self.origin, acc, self.ring_len, self.max_draft_tokens)
+
+    def _reset_cursors(self) -> None:
+        self.wpos.zero_()
+        self.origin.zero_()
+        self._pending_verify = None
+
+
+class GDNHarness(_RingHarness):
+    """One GDN layer over `batch` requests.
+
+    `A_log`, `dt_bias`: fp32 `[HV]`. Activations (q, k, v, a, b) may be bf16, fp16 or fp32; the
+    rings take the activation dtype of the first decode/verify call.
+    """
+
+    def __init__(
+        self, *, batch: int, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,
+        A_log: torch.Tensor, dt_bias: torch.Tensor, ring_len: int, max_draft_tokens: int, device,
+    ) -> None:
+        super().__init__(batch=batch, ring_len=ring_len, max_draft_tokens=max_draft_tokens, device=device)
+        if num_v_heads % num_k_heads != 0:
+            raise ValueError(f"num_v_heads={num_v_heads} must be a multiple of num_k_heads={num_k_heads}")
+        self.H, self.HV, self.K, self.V = num_k_heads, num_v_heads, head_k_dim, head_v_dim
+        self.A_log = A_log.to(device=self.device, dtype=torch.float32).contiguous()
+        self.dt_bias = dt_bias.to(device=self.device, dtype=torch.float32).contiguous()
+        if self.A_log.shape != (self.HV,) or self.dt_bias.shape != (self.HV,):
+            raise ValueError(f"A_log and dt_bias must be [{self.HV}]")
+        self._state = torch.zeros(1, self.num_slots, self.HV, self.V, self.K, dtype=torch.float32, device=self.device)
+        self._rings = None
+
+    def _rings_for(self, dtype: torch.dtype):
+        if self._check_dtype(dtype) or self._rings is None:
+            self._rings = alloc_gdn_rings(1, self.num_slots, self.H, self.HV, self.K, self.V,
+                                          self.ring_len, dtype, self.device)
+        return self._rings
+
+    def set_state(self, S0: torch.Tensor) -> None:
+        """Load checkpoints `[batch, HV, V, K]` (fp32) and empty the rings."""
+        if tuple(S0.shape) != (self.batch, self.HV, self.V, self.K):
+            raise ValueError(f"state must be [{self.batch}, {self.HV}, {self.V}, {self.K}], got {tuple(S0.shape)}")
+        self._state[0, self.slot_idx.long()] = S0.to(device=self.device, dtype=torch.float32)
+        self._reset_cursors()
+
+    def decode(self, q, k, v, a, b, force_flush=None) -> torch.Tensor:
+        """q, k `[batch, H, K]`; v `[batch, HV, V]`; a, b `[batch, HV]` -> o `[batch, HV, V]`."""
+        rings = self._rings_for(k.dtype)
+        row_wp, row_flush = self._decode_plan(force_flush)
+        return gdn_replay_decode(q, k, v, a, b, self.A_log, self.dt_bias, self._state[0], rings.layer(0),
+                                 self.slot_idx, row_wp, row_flush, self.origin)
+
+    def verify(self, q, k, v, a, b) -> torch.Tensor:
+        """The same with a draft axis after batch -> o `[batch, T', HV, V]`."""
+        self._verify_begin(k.shape[1])
+        rings = self._rings_for(k.dtype)
+        return gdn_replay_verify(q, k, v, a, b, self.A_log, self.dt_bias, self._state[0], rings.layer(0),
+                                 self.slot_idx, self.wpos, self.origin)
+
+    def commit(self, num_accepted) -> None:
+        """Accept `num_accepted[i]` (1..T') drafts of row i; folds when the next window needs room."""
+        row_nfold, row_origin = self._commit_plan(num_accepted)
+        gdn_replay_fold(self._state, self._rings, self.slot_idx, row_nfold, row_origin)
+
+    def state(self) -> torch.Tensor:
+        """Committed state `[batch, HV, V, K]` fp32: checkpoint + pending entries, exactly folded."""
+        if self._rings is None:
+            return self._state[0, self.slot_idx.long()].clone()
+        n, org = pending_fold_plan(self.slot_idx, self.wpos, self.origin)
+        out = torch.empty(1, self.batch, self.HV, self.V, self.K, dtype=torch.float32, device=self.device)
+        dst_idx = torch.arange(self.batch, dtype=torch.int32, device=self.device)
+        gdn_replay_fold(self._state, self._rings, self.slot_idx, n, org, dst=out, dst_idx=dst_idx)
+        return out[0]
+
+    # Inspection helpers for tests (not part of the conformance API).
+    def checkpoint_pool(self) -> torch.Tensor:
+        return self._state[0]
+
+    def pending(self) -> torch.Tensor:
+        return self.wpos[self.slot_idx.long()].clone()

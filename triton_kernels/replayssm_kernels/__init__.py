@@ -1,0 +1,8 @@
+"""ReplaySSM Triton kernels for Gated DeltaNet and Mamba-2 (no SGLang import).
+
+See docs/design.md for the ring/cursor protocol shared by both families.
+"""
+
+from .cursors import commit_prepare, decode_prepare, pending_fold_plan
+
+__all__ = ["commit_prepare", "decode_prepare", "pending_fold_plan"]

@@ -1,0 +1,203 @@
+"""Per-slot ring cursors, shared by the GDN and Mamba-2 kernels and by all SSM layers.
+
+Each slot owns two int32 cursors: ``wpos`` (number of pending ring entries) and ``origin``
+(physical ring index of logical entry 0). Logical entry ``j`` lives at ``(origin + j) % L``.
+
+Both launches below run once per batch, outside CUDA-graph capture, before (decode) or after
+(speculative commit) the layers; the per-layer kernels only read the per-row snapshots they write.
+
+Glossary: ``B`` rows, ``S`` slots, ``L`` ring length, ``T_max`` max draft tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+_BLOCK_ROWS = 128
+
+
+@triton.jit
+def _decode_prepare_kernel(
+    slot_idx,
+    wpos,
+    force_flush,
+    row_wp,
+    row_flush,
+    B,
+    RL: tl.constexpr,
+    HAS_FORCE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    o_r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m_r = o_r < B
+    b_slot = tl.load(slot_idx + o_r, mask=m_r, other=-1).to(tl.int64)
+    m_valid = m_r & (b_slot >= 0)
+    b_wp = tl.load(wpos + b_slot, mask=m_valid, other=0)
+    b_flush = b_wp + 1 >= RL
+    if HAS_FORCE:
+        b_force = tl.load(force_flush + o_r, mask=m_valid, other=0)
+        b_flush = b_flush | (b_force != 0)
+    tl.store(row_wp + o_r, b_wp, mask=m_r)
+    tl.store(row_flush + o_r, (b_flush & m_valid).to(tl.int32), mask=m_r)
+    tl.store(wpos + b_slot, tl.where(b_flush, 0, b_wp + 1), mask=m_valid)
+
+
+def decode_prepare(
+    slot_idx: torch.Tensor,
+    wpos: torch.Tensor,
+    ring_len: int,
+    force_flush: Optional[torch.Tensor] = None,
+    row_wp: Optional[torch.Tensor] = None,
+    row_flush: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Snapshot the decode cursors of a batch and advance them by one token.
+
+    Args:
+        slot_idx (torch.Tensor): `[B]` int32/int64 slot of each row; `< 0` marks padding.
+        wpos (torch.Tensor): `[S]` int32 per-slot pending-entry count. Mutated in place.
+        ring_len (int): `L`.
+        force_flush (torch.Tensor, optional): `[B]` int/bool; nonzero forces a flush on this step.
+        row_wp, row_flush (torch.Tensor, optional): `[B]` int32 outputs (allocated if None).
+
+    Returns:
+        `(row_wp, row_flush)`: the pending count before this token and whether this step flushes.
+        A flushing slot's `wpos` becomes 0, any other slot's `wpos` grows by one.
+    """
+    B = slot_idx.shape[0]
+    assert wpos.dtype == torch.int32 and wpos.is_contiguous()
+    assert slot_idx.is_contiguous()
+    if row_wp is None:
+        row_wp = torch.empty(B, dtype=torch.int32, device=slot_idx.device)
+    if row_flush is None:
+        row_flush = torch.empty(B, dtype=torch.int32, device=slot_idx.device)
+    if force_flush is not None:
+        assert force_flush.shape == (B,) and force_flush.is_contiguous()
+        if force_flush.dtype == torch.bool:
+            force_flush = force_flush.to(torch.int32)
+    if B == 0:
+        return row_wp, row_flush
+    grid = (triton.cdiv(B, _BLOCK_ROWS),)
+    _decode_prepare_kernel[grid](
+        slot_idx,
+        wpos,
+        force_flush if force_flush is not None else row_flush,
+        row_wp,
+        row_flush,
+        B,
+        RL=ring_len,
+        HAS_FORCE=force_flush is not None,
+        BLOCK=_BLOCK_ROWS,
+    )
+    return row_wp, row_flush
+
+
+@triton.jit
+def _commit_prepare_kernel(
+    slot_idx,
+    wpos,
+    origin,
+    num_accepted,
+    fold_upto,
+    row_nfold,
+    row_origin,
+    B,
+    RL: tl.constexpr,
+    T_MAX: tl.constexpr,
+    HAS_FOLD_UPTO: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    o_r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m_r = o_r < B
+    b_slot = tl.load(slot_idx + o_r, mask=m_r, other=-1).to(tl.int64)
+    m_valid = m_r & (b_slot >= 0)
+    b_wp = tl.load(wpos + b_slot, mask=m_valid, other=0)
+    b_org = tl.load(origin + b_slot, mask=m_valid, other=0)
+    b_acc = tl.load(num_accepted + o_r, mask=m_valid, other=0).to(tl.int32)
+    b_n = b_wp + b_acc
+    # Early flush: fold everything committed when the next window might not fit.
+    b_nfold = tl.where(b_n + T_MAX > RL, b_n, 0)
+    if HAS_FOLD_UPTO:
+        # Caller-requested fold of at least the first `fold_upto` committed entries.
+        b_up = tl.load(fold_upto + o_r, mask=m_valid, other=0).to(tl.int32)
+        b_nfold = tl.maximum(b_nfold, tl.minimum(b_up, b_n))
+    b_nfold = tl.where(m_valid, b_nfold, 0)
+    tl.store(row_nfold + o_r, b_nfold, mask=m_r)
+    tl.store(row_origin + o_r, b_org, mask=m_r)
+    tl.store(wpos + b_slot, b_n - b_nfold, mask=m_valid)
+    tl.store(origin + b_slot, (b_org + b_nfold) % RL, mask=m_valid)
+
+
+def commit_prepare(
+    slot_idx: torch.Tensor,
+    wpos: torch.Tensor,
+    origin: torch.Tensor,
+    num_accepted: torch.Tensor,
+    ring_len: int,
+    max_draft_tokens: int,
+    fold_upto: Optional[torch.Tensor] = None,
+    row_nfold: Optional[torch.Tensor] = None,
+    row_origin: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Commit `num_accepted` verified entries per row and decide which entries to fold.
+
+    Args:
+        slot_idx (torch.Tensor): `[B]` slot of each row; `< 0` marks padding.
+        wpos, origin (torch.Tensor): `[S]` int32 cursors. Mutated in place.
+        num_accepted (torch.Tensor): `[B]` int, accepted drafts of each row (bonus token included).
+        ring_len (int): `L`.
+        max_draft_tokens (int): `T_max`; rows with `wpos + T_max > L` after the commit are folded
+            completely (early flush), so the next window always fits.
+        fold_upto (torch.Tensor, optional): `[B]` int; fold at least this many committed entries.
+        row_nfold, row_origin (torch.Tensor, optional): `[B]` int32 outputs.
+
+    Returns:
+        `(row_nfold, row_origin)`: entries to fold per row and the origin they start from. The fold
+        kernel must run with these before the next verify.
+    """
+    B = slot_idx.shape[0]
+    assert wpos.dtype == torch.int32 and origin.dtype == torch.int32
+    if ring_len < max_draft_tokens:
+        raise ValueError(
+            f"ring_len={ring_len} is smaller than max_draft_tokens={max_draft_tokens}"
+        )
+    if row_nfold is None:
+        row_nfold = torch.empty(B, dtype=torch.int32, device=slot_idx.device)
+    if row_origin is None:
+        row_origin = torch.empty(B, dtype=torch.int32, device=slot_idx.device)
+    if B == 0:
+        return row_nfold, row_origin
+    grid = (triton.cdiv(B, _BLOCK_ROWS),)
+    _commit_prepare_kernel[grid](
+        slot_idx,
+        wpos,
+        origin,
+        num_accepted,
+        fold_upto if fold_upto is not None else num_accepted,
+        row_nfold,
+        row_origin,
+        B,
+        RL=ring_len,
+        T_MAX=max_draft_tokens,
+        HAS_FOLD_UPTO=fold_upto is not None,
+        BLOCK=_BLOCK_ROWS,
+    )
+    return row_nfold, row_origin
+
+
+def pending_fold_plan(
+    slot_idx: torch.Tensor, wpos: torch.Tensor, origin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row `(n_fold, origin)` that folds every pending entry; cursors are not touched.
+
+    Used to materialise the committed state into a separate buffer (harness `state()`,
+    CPU offload) without changing the ring.
+    """
+    valid = slot_idx >= 0
+    safe = slot_idx.clamp(min=0).long()
+    n = torch.where(valid, wpos[safe], torch.zeros_like(wpos[safe]))
+    org = torch.where(valid, origin[safe], torch.zeros_like(origin[safe]))
+    return n.to(torch.int32).contiguous(), org.to(torch.int32).contiguous()

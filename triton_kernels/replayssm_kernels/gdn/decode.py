@@ -1,0 +1,231 @@
+"""GDN ReplaySSM decode: one token per row, output from checkpoint + ring.
+
+Let `S0` be the checkpoint, `j < wp` the pending ring entries (u_j, k_j, g_j), `G_j` the
+inclusive cumulative sum of `g` over them and `G = G_{wp-1}`. The state before the token is
+
+    S = exp(G) S0 + sum_j exp(G - G_j) u_j k_j^T
+
+so the token needs only `S k` and `S q`, built from `S0 k`, `S0 q`, `k_j . k`, `k_j . q`:
+
+    u = beta (v - alpha S k),   o = alpha S q + u (k . q),   alpha = exp(g)
+
+A non-flush row never writes the state; it appends (u, k, g) for outputs and (raw v, raw k, beta)
+for the exact fold at logical position `wp`. A flush row replays the pending raw entries and the
+token with the baseline's exact recurrence, reads the output like the baseline, and stores the
+state. Grid: `(cdiv(V, BV) * B * HV,)`, one `[BK, BV]` state tile per program.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import gdn_exact_step, gdn_gate, gdn_l2norm
+from .rings import GDNRings, check_gdn_rings
+
+# The exact-recurrence branch must use the baseline kernel's tile: BV <= 32, one warp.
+_BV_MAX = 32
+_NUM_WARPS = 1
+
+
+@triton.jit(do_not_specialize=["B"])
+def _gdn_decode_kernel(
+    q, k, v, a, b, A_log, dt_bias, o,
+    state, ring_d, ring_k, ring_g, ring_rawv, ring_rawk, ring_beta,
+    slot_idx, row_wp, row_flush, origin,
+    scale, softplus_beta, softplus_threshold,
+    B,
+    stride_q_tok, stride_k_tok, stride_v_tok, stride_a_tok, stride_b_tok,
+    stride_state_slot, stride_d_slot, stride_k_slot, stride_g_slot,
+    stride_rawv_slot, stride_rawk_slot, stride_beta_slot,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
+):
+    NV = (V + BV - 1) // BV
+    i_v, i_nh = tl.program_id(0) % NV, tl.program_id(0) // NV
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+
+    slot = tl.load(slot_idx + i_n).to(tl.int64)
+    if slot < 0:
+        return
+    wp = tl.load(row_wp + i_n)
+    flush = tl.load(row_flush + i_n)
+    org = tl.load(origin + slot)
+
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mask_k = o_k < K
+    mask_v = o_v < V
+    mask_h = mask_k[:, None] & mask_v[None, :]
+
+    p_h = state + slot * stride_state_slot + i_hv * K * V + o_v[None, :] * K + o_k[:, None]
+    b_h = tl.load(p_h, mask=mask_h, other=0).to(tl.float32)
+
+    p_q = q + i_n * stride_q_tok + i_h * K + o_k
+    p_k = k + i_n * stride_k_tok + i_h * K + o_k
+    p_v = v + i_n * stride_v_tok + i_hv * V + o_v
+    b_q = tl.load(p_q, mask=mask_k, other=0).to(tl.float32)
+    b_k_raw = tl.load(p_k, mask=mask_k, other=0)
+    b_v_raw = tl.load(p_v, mask=mask_v, other=0)
+    b_k = b_k_raw.to(tl.float32)
+    b_v = b_v_raw.to(tl.float32)
+    b_b = tl.load(b + i_n * stride_b_tok + i_hv).to(tl.float32)
+    b_A_log = tl.load(A_log + i_hv).to(tl.float32)
+    b_a = tl.load(a + i_n * stride_a_tok + i_hv).to(tl.float32)
+    b_dt_bias = tl.load(dt_bias + i_hv).to(tl.float32)
+    b_g, b_beta = gdn_gate(b_a, b_b, b_A_log, b_dt_bias, softplus_beta, softplus_threshold)
+
+    p_o = o + (i_n * HV + i_hv) * V + o_v
+    if flush != 0:
+        # Exact replay of the pending raw entries, then of this token.
+        p_rk = ring_rawk + slot * stride_rawk_slot + i_h * RL * K + o_k
+        p_rv = ring_rawv + slot * stride_rawv_slot + i_hv * RL * V + o_v
+        p_rg = ring_g + slot * stride_g_slot + i_hv * RL
+        p_rb = ring_beta + slot * stride_beta_slot + i_hv * RL
+        for j in range(0, wp):
+            phys = (org + j) % RL
+            b_rk = tl.load(p_rk + phys * K, mask=mask_k, other=0).to(tl.float32)
+            b_rv = tl.load(p_rv + phys * V, mask=mask_v, other=0).to(tl.float32)
+            b_rg = tl.load(p_rg + phys)
+            b_rb = tl.load(p_rb + phys)
+            b_h, b_rk = gdn_exact_step(b_h, b_rk, b_rv, b_rg, b_rb)
+        b_q = gdn_l2norm(b_q)
+        b_q = b_q * scale
+        b_h, b_k = gdn_exact_step(b_h, b_k, b_v, b_g, b_beta)
+        b_o = tl.sum(b_h * b_q[:, None], 0)
+        tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=mask_v)
+        tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_h)
+    else:
+        b_q = gdn_l2norm(b_q)
+        b_k = gdn_l2norm(b_k)
+        b_q = b_q * scale
+        # Checkpoint contributions S0 k and S0 q: [BV].
+        b_sk = tl.sum(b_h * b_k[:, None], 0)
+        b_sq = tl.sum(b_h * b_q[:, None], 0)
+        # Pending history.
+        o_j = tl.arange(0, RLB)
+        m_j = o_j < wp
+        phys_j = (org + o_j) % RL
+        b_gr = tl.load(ring_g + slot * stride_g_slot + i_hv * RL + phys_j, mask=m_j, other=0)
+        b_kr = tl.load(
+            ring_k + slot * stride_k_slot + (i_h * RL + phys_j)[:, None] * K + o_k[None, :],
+            mask=m_j[:, None] & mask_k[None, :], other=0,
+        ).to(tl.float32)
+        b_ur = tl.load(
+            ring_d + slot * stride_d_slot + (i_hv * RL + phys_j)[:, None] * V + o_v[None, :],
+            mask=m_j[:, None] & mask_v[None, :], other=0,
+        ).to(tl.float32)
+        b_gc = tl.cumsum(b_gr, 0)
+        b_gtot = tl.sum(b_gr, 0)
+        b_w = tl.where(m_j, tl.exp(b_gtot - b_gc), 0.0)
+        b_kk = tl.sum(b_kr * b_k[None, :], 1) * b_w
+        b_kq = tl.sum(b_kr * b_q[None, :], 1) * b_w
+        b_dec = tl.exp(b_gtot)
+        b_hk = b_dec * b_sk + tl.sum(b_ur * b_kk[:, None], 0)
+        b_hq = b_dec * b_sq + tl.sum(b_ur * b_kq[:, None], 0)
+        b_alpha = tl.exp(b_g)
+        b_u = b_beta * (b_v - b_alpha * b_hk)
+        b_o = b_alpha * b_hq + b_u * tl.sum(b_k * b_q)
+        tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=mask_v)
+        # Append this token at logical position wp.
+        phys = (org + wp) % RL
+        tl.store(
+            ring_d + slot * stride_d_slot + (i_hv * RL + phys) * V + o_v,
+            b_u.to(ring_d.dtype.element_ty), mask=mask_v,
+        )
+        tl.store(ring_rawv + slot * stride_rawv_slot + (i_hv * RL + phys) * V + o_v, b_v_raw, mask=mask_v)
+        if i_v == 0:
+            tl.store(ring_g + slot * stride_g_slot + i_hv * RL + phys, b_g)
+            tl.store(ring_beta + slot * stride_beta_slot + i_hv * RL + phys, b_beta)
+            if i_hv % (HV // H) == 0:
+                tl.store(
+                    ring_k + slot * stride_k_slot + (i_h * RL + phys) * K + o_k,
+                    b_k.to(ring_k.dtype.element_ty), mask=mask_k,
+                )
+                tl.store(ring_rawk + slot * stride_rawk_slot + (i_h * RL + phys) * K + o_k, b_k_raw, mask=mask_k)
+
+
+def _tok_stride(t: torch.Tensor, inner: tuple[int, int], name: str) -> int:
+    if t.dim() != 3 or t.stride(-1) != 1 or t.stride(-2) != inner[1]:
+        raise ValueError(f"`{name}` must be [B, heads, dim] with contiguous heads and dim")
+    return t.stride(0)
+
+
+def gdn_replay_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    rings: GDNRings,
+    slot_idx: torch.Tensor,
+    row_wp: torch.Tensor,
+    row_flush: torch.Tensor,
+    origin: torch.Tensor,
+    scale: Optional[float] = None,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """One GDN decode step for every row.
+
+    Args:
+        q, k (torch.Tensor): `[B, H, K]` raw queries/keys (L2 norm is done in the kernel).
+        v (torch.Tensor): `[B, HV, V]`.
+        a, b (torch.Tensor): `[B, HV]` gate inputs.
+        A_log, dt_bias (torch.Tensor): `[HV]` fp32.
+        state (torch.Tensor): `[S, HV, V, K]` fp32 checkpoints (K-last); written only by flush rows.
+        rings (GDNRings): one layer's rings (`[S, ...]`); appended to by non-flush rows.
+        slot_idx (torch.Tensor): `[B]` slot per row, `< 0` = padding (writes nothing).
+        row_wp, row_flush (torch.Tensor): `[B]` int32 from `decode_prepare`.
+        origin (torch.Tensor): `[S]` int32 ring origins.
+        scale (float, optional): query scale, default `K ** -0.5`.
+        out (torch.Tensor, optional): `[B, HV, V]` output buffer (activation dtype).
+
+    Returns:
+        `[B, HV, V]` outputs in the dtype of `q`.
+    """
+    B, H, K = k.shape
+    S, HV, V, K2 = state.shape
+    if K2 != K or v.shape != (B, HV, V) or q.shape != k.shape:
+        raise ValueError(f"shape mismatch: q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)} state {tuple(state.shape)}")
+    if HV % H != 0:
+        raise ValueError(f"num_v_heads={HV} must be a multiple of num_k_heads={H}")
+    if state.dtype != torch.float32 or state[0].stride() != (V * K, K, 1):
+        raise ValueError("state must be fp32 [S, HV, V, K] with contiguous inner dims")
+    if a.shape != (B, HV) or b.shape != (B, HV) or a.stride(-1) != 1 or b.stride(-1) != 1:
+        raise ValueError("a and b must be [B, HV] with a contiguous last dim")
+    check_gdn_rings(rings, H, HV, K, V)
+    if rings.d.dtype != k.dtype:
+        raise ValueError(f"ring dtype {rings.d.dtype} must match the activation dtype {k.dtype}")
+    if scale is None:
+        scale = K ** -0.5
+    if out is None:
+        out = torch.empty((B, HV, V), dtype=q.dtype, device=q.device)
+    elif out.shape != (B, HV, V) or not out.is_contiguous():
+        raise ValueError("out must be a contiguous [B, HV, V] tensor")
+    if B == 0:
+        return out
+    BK = triton.next_power_of_2(K)
+    BV = min(triton.next_power_of_2(V), _BV_MAX)
+    RL = rings.ring_len
+    grid = (triton.cdiv(V, BV) * B * HV,)
+    _gdn_decode_kernel[grid](
+        q, k, v, a, b, A_log, dt_bias, out,
+        state, rings.d, rings.k, rings.g, rings.rawv, rings.rawk, rings.beta,
+        slot_idx, row_wp, row_flush, origin,
+        scale, 1.0, 20.0,
+        B,
+        _tok_stride(q, (H, K), "q"), _tok_stride(k, (H, K), "k"), _tok_stride(v, (HV, V), "v"),
+        a.stride(0), b.stride(0),
+        state.stride(0), rings.d.stride(0), rings.k.stride(0), rings.g.stride(0),
+        rings.rawv.stride(0), rings.rawk.stride(0), rings.beta.stride(0),
+        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, RL=RL, RLB=triton.next_power_of_2(RL),
+        num_warps=_NUM_WARPS, num_stages=3,
+    )
+    return out

@@ -1,0 +1,127 @@
+"""GDN closed-loop exact fold: replay raw ring entries into the checkpoint.
+
+For each row and layer, the first `n_fold` pending entries (logical `0..n_fold-1`, physical
+`(origin + j) % L`) are replayed from raw `v`, raw pre-norm `k`, `g` and `beta` with the operation
+order of SGLang's `fused_sigmoid_gating_delta_rule_update_kernel` (same `[BK, BV]` tile, one warp),
+so the result is bit-identical to that kernel stepped over the same tokens.
+
+Grid: `(cdiv(V, BV) * B * HV, Lm)`; rows with `n_fold == 0` exit at once unless a separate
+destination is given (then the checkpoint is copied there unchanged).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import gdn_exact_step
+from .rings import GDNRings, check_gdn_rings
+
+
+@triton.jit
+def _gdn_fold_kernel(
+    state, dst, ring_rawv, ring_rawk, ring_g, ring_beta,
+    slot_idx, dst_idx, row_nfold, row_origin,
+    stride_state_layer, stride_state_slot, stride_dst_layer, stride_dst_slot,
+    stride_rawv_layer, stride_rawv_slot, stride_rawk_layer, stride_rawk_slot,
+    stride_g_layer, stride_g_slot, stride_beta_layer, stride_beta_slot,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, RL: tl.constexpr, HAS_DST: tl.constexpr,
+):
+    NV = (V + BV - 1) // BV
+    i_v, i_nh, i_l = tl.program_id(0) % NV, tl.program_id(0) // NV, tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    i_l = i_l.to(tl.int64)
+
+    slot = tl.load(slot_idx + i_n).to(tl.int64)
+    if slot < 0:
+        return
+    n_fold = tl.load(row_nfold + i_n)
+    if not HAS_DST:
+        if n_fold <= 0:
+            return
+    org = tl.load(row_origin + i_n)
+
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mask_k = o_k < K
+    mask_v = o_v < V
+    mask_h = mask_k[:, None] & mask_v[None, :]
+
+    p_h = state + i_l * stride_state_layer + slot * stride_state_slot + i_hv * K * V + o_v[None, :] * K + o_k[:, None]
+    b_h = tl.load(p_h, mask=mask_h, other=0).to(tl.float32)
+
+    p_rk = ring_rawk + i_l * stride_rawk_layer + slot * stride_rawk_slot + i_h * RL * K + o_k
+    p_rv = ring_rawv + i_l * stride_rawv_layer + slot * stride_rawv_slot + i_hv * RL * V + o_v
+    p_rg = ring_g + i_l * stride_g_layer + slot * stride_g_slot + i_hv * RL
+    p_rb = ring_beta + i_l * stride_beta_layer + slot * stride_beta_slot + i_hv * RL
+    for j in range(0, n_fold):
+        phys = (org + j) % RL
+        b_k = tl.load(p_rk + phys * K, mask=mask_k, other=0).to(tl.float32)
+        b_v = tl.load(p_rv + phys * V, mask=mask_v, other=0).to(tl.float32)
+        b_g = tl.load(p_rg + phys)
+        b_beta = tl.load(p_rb + phys)
+        b_h, b_k = gdn_exact_step(b_h, b_k, b_v, b_g, b_beta)
+
+    if HAS_DST:
+        d_slot = tl.load(dst_idx + i_n).to(tl.int64)
+        p_h = dst + i_l * stride_dst_layer + d_slot * stride_dst_slot + i_hv * K * V + o_v[None, :] * K + o_k[:, None]
+    tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_h)
+
+
+def gdn_replay_fold(
+    state: torch.Tensor,
+    rings: GDNRings,
+    slot_idx: torch.Tensor,
+    row_nfold: torch.Tensor,
+    row_origin: torch.Tensor,
+    dst: Optional[torch.Tensor] = None,
+    dst_idx: Optional[torch.Tensor] = None,
+) -> None:
+    """Fold the first `row_nfold[i]` pending entries of each row into its checkpoint.
+
+    Args:
+        state (torch.Tensor): `[Lm, S, HV, V, K]` (all layers) or `[S, HV, V, K]` fp32 checkpoints.
+            Updated in place unless `dst` is given.
+        rings (GDNRings): the matching all-layer (`[Lm, S, ...]`) or one-layer rings.
+        slot_idx (torch.Tensor): `[B]` slots, `< 0` = padding.
+        row_nfold, row_origin (torch.Tensor): `[B]` int32 from `commit_prepare`
+            (or `pending_fold_plan`).
+        dst, dst_idx (torch.Tensor, optional): write the folded state to `dst[:, dst_idx[i]]`
+            instead (same layout as `state`); rows with nothing to fold are copied.
+    """
+    if state.dim() == 4:
+        state = state.unsqueeze(0)
+        dst = dst.unsqueeze(0) if dst is not None else None
+    rings = rings.all_layers()
+    Lm, S, HV, V, K = state.shape
+    H = rings.rawk.shape[2]
+    check_gdn_rings(rings, H, HV, K, V)
+    if state.dtype != torch.float32 or state[0, 0].stride() != (V * K, K, 1):
+        raise ValueError("state must be fp32 [.., S, HV, V, K] with contiguous inner dims")
+    if rings.rawv.shape[0] != Lm:
+        raise ValueError(f"rings hold {rings.rawv.shape[0]} layers, state holds {Lm}")
+    has_dst = dst is not None
+    if has_dst:
+        if dst_idx is None or dst.shape[0] != Lm or dst.shape[2:] != state.shape[2:] or dst[0, 0].stride() != (V * K, K, 1):
+            raise ValueError("dst must be [Lm, S', HV, V, K] with contiguous inner dims, and dst_idx given")
+    B = slot_idx.shape[0]
+    if B == 0 or Lm == 0:
+        return
+    BK = triton.next_power_of_2(K)
+    BV = min(triton.next_power_of_2(V), 32)
+    out = dst if has_dst else state
+    grid = (triton.cdiv(V, BV) * B * HV, Lm)
+    _gdn_fold_kernel[grid](
+        state, out, rings.rawv, rings.rawk, rings.g, rings.beta,
+        slot_idx, dst_idx if has_dst else slot_idx, row_nfold, row_origin,
+        state.stride(0), state.stride(1), out.stride(0), out.stride(1),
+        rings.rawv.stride(0), rings.rawv.stride(1), rings.rawk.stride(0), rings.rawk.stride(1),
+        rings.g.stride(0), rings.g.stride(1), rings.beta.stride(0), rings.beta.stride(1),
+        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, RL=rings.ring_len, HAS_DST=has_dst,
+        num_warps=1, num_stages=3,
+    )

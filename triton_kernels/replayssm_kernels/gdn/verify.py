@@ -1,0 +1,255 @@
+"""GDN ReplaySSM speculative verify: outputs for `T` drafts from one frozen checkpoint.
+
+Index spaces: history entry `j < wp` (committed, in the ring at `(origin + j) % L`), window
+position `s < T` (this verify's drafts, written at `(origin + wp + s) % L`).
+
+With `S_c = exp(G) S0 + sum_j exp(G - G_j) u_j k_j^T` the committed state (never formed),
+`hk_s = S_c k_s`, `hq_s = S_c q_s`, and `Gw_s` the inclusive cumsum of the window gates:
+
+    A_ij = beta_i exp(Gw_i - Gw_j) (k_i . k_j)            for j < i
+    u    = (I + A)^-1 R,   R_i = beta_i (v_i - exp(Gw_i) hk_i)     (forward substitution)
+    o_s  = exp(Gw_s) hq_s + sum_{j<=s} exp(Gw_s - Gw_j) (k_j . q_s) u_j
+
+All dot products are fp32 on CUDA cores (no tf32). The window's (u, k, g) and raw (v, k, beta)
+are written into the ring; the checkpoint is read only; rejected drafts are overwritten later.
+Grid: `(cdiv(V, BV) * B * HV,)`.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import gdn_gate, gdn_l2norm
+from .rings import GDNRings, check_gdn_rings
+
+
+@triton.jit
+def _row(x, o_t, s):
+    """Row `s` of a `[BT, X]` tile."""
+    return tl.sum(tl.where((o_t == s)[:, None], x, 0.0), 0)
+
+
+@triton.jit
+def _elem(x, o_t, s):
+    """Element `s` of a `[BT]` vector."""
+    return tl.sum(tl.where(o_t == s, x, 0.0), 0)
+
+
+@triton.jit
+def _set_row(x, o_t, s, val):
+    return tl.where((o_t == s)[:, None], val[None, :], x)
+
+
+@triton.jit
+def _set_elem(x, o_t, s, val):
+    return tl.where(o_t == s, val, x)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _gdn_verify_kernel(
+    q, k, v, a, b, A_log, dt_bias, o,
+    state, ring_d, ring_k, ring_g, ring_rawv, ring_rawk, ring_beta,
+    slot_idx, wpos, origin,
+    scale, softplus_beta, softplus_threshold,
+    T,
+    stride_q_row, stride_q_tok, stride_k_row, stride_k_tok, stride_v_row, stride_v_tok,
+    stride_a_row, stride_a_tok, stride_b_row, stride_b_tok,
+    stride_state_slot, stride_d_slot, stride_k_slot, stride_g_slot,
+    stride_rawv_slot, stride_rawk_slot, stride_beta_slot,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
+):
+    NV = (V + BV - 1) // BV
+    i_v, i_nh = tl.program_id(0) % NV, tl.program_id(0) // NV
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    first_of_group = i_hv % (HV // H) == 0
+
+    slot = tl.load(slot_idx + i_n).to(tl.int64)
+    if slot < 0:
+        return
+    wp = tl.load(wpos + slot)
+    org = tl.load(origin + slot)
+
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_t = tl.arange(0, BT)
+    mask_k = o_k < K
+    mask_v = o_v < V
+
+    b_h = tl.load(
+        state + slot * stride_state_slot + i_hv * K * V + o_v[None, :] * K + o_k[:, None],
+        mask=mask_k[:, None] & mask_v[None, :], other=0,
+    ).to(tl.float32)
+
+    # Committed history.
+    o_j = tl.arange(0, RLB)
+    m_j = o_j < wp
+    phys_j = (org + o_j) % RL
+    b_gr = tl.load(ring_g + slot * stride_g_slot + i_hv * RL + phys_j, mask=m_j, other=0)
+    b_kr = tl.load(
+        ring_k + slot * stride_k_slot + (i_h * RL + phys_j)[:, None] * K + o_k[None, :],
+        mask=m_j[:, None] & mask_k[None, :], other=0,
+    ).to(tl.float32)
+    b_ur = tl.load(
+        ring_d + slot * stride_d_slot + (i_hv * RL + phys_j)[:, None] * V + o_v[None, :],
+        mask=m_j[:, None] & mask_v[None, :], other=0,
+    ).to(tl.float32)
+    b_gc = tl.cumsum(b_gr, 0)
+    b_gtot = tl.sum(b_gr, 0)
+    b_w = tl.where(m_j, tl.exp(b_gtot - b_gc), 0.0)
+    b_dec = tl.exp(b_gtot)
+    b_A_log = tl.load(A_log + i_hv).to(tl.float32)
+    b_dt_bias = tl.load(dt_bias + i_hv).to(tl.float32)
+
+    # Window: per draft, gates, normalised k/q, committed-state products, ring write.
+    b_kw = tl.zeros([BT, BK], dtype=tl.float32)
+    b_qw = tl.zeros([BT, BK], dtype=tl.float32)
+    b_vw = tl.zeros([BT, BV], dtype=tl.float32)
+    b_hk = tl.zeros([BT, BV], dtype=tl.float32)
+    b_hq = tl.zeros([BT, BV], dtype=tl.float32)
+    b_gw = tl.zeros([BT], dtype=tl.float32)
+    b_betaw = tl.zeros([BT], dtype=tl.float32)
+    for s in tl.static_range(BT):
+        valid = s < T
+        b_q_s = tl.load(q + i_n * stride_q_row + s * stride_q_tok + i_h * K + o_k,
+                        mask=mask_k & valid, other=0).to(tl.float32)
+        b_k_raw = tl.load(k + i_n * stride_k_row + s * stride_k_tok + i_h * K + o_k,
+                          mask=mask_k & valid, other=0)
+        b_v_raw = tl.load(v + i_n * stride_v_row + s * stride_v_tok + i_hv * V + o_v,
+                          mask=mask_v & valid, other=0)
+        b_a_s = tl.load(a + i_n * stride_a_row + s * stride_a_tok + i_hv, mask=valid, other=0).to(tl.float32)
+        b_b_s = tl.load(b + i_n * stride_b_row + s * stride_b_tok + i_hv, mask=valid, other=0).to(tl.float32)
+        b_g_s, b_beta_s = gdn_gate(b_a_s, b_b_s, b_A_log, b_dt_bias, softplus_beta, softplus_threshold)
+        b_k_s = gdn_l2norm(b_k_raw.to(tl.float32))
+        b_q_s = gdn_l2norm(b_q_s) * scale
+        b_hk_s = b_dec * tl.sum(b_h * b_k_s[:, None], 0) + tl.sum(
+            b_ur * (tl.sum(b_kr * b_k_s[None, :], 1) * b_w)[:, None], 0)
+        b_hq_s = b_dec * tl.sum(b_h * b_q_s[:, None], 0) + tl.sum(
+            b_ur * (tl.sum(b_kr * b_q_s[None, :], 1) * b_w)[:, None], 0)
+        b_kw = _set_row(b_kw, o_t, s, b_k_s)
+        b_qw = _set_row(b_qw, o_t, s, b_q_s)
+        b_vw = _set_row(b_vw, o_t, s, b_v_raw.to(tl.float32))
+        b_hk = _set_row(b_hk, o_t, s, b_hk_s)
+        b_hq = _set_row(b_hq, o_t, s, b_hq_s)
+        b_gw = _set_elem(b_gw, o_t, s, tl.where(valid, b_g_s, 0.0))
+        b_betaw = _set_elem(b_betaw, o_t, s, b_beta_s)
+        if valid:
+            phys = (org + wp + s) % RL
+            tl.store(ring_rawv + slot * stride_rawv_slot + (i_hv * RL + phys) * V + o_v, b_v_raw, mask=mask_v)
+            if i_v == 0:
+                tl.store(ring_g + slot * stride_g_slot + i_hv * RL + phys, b_g_s)
+                tl.store(ring_beta + slot * stride_beta_slot + i_hv * RL + phys, b_beta_s)
+                if first_of_group:
+                    tl.store(ring_k + slot * stride_k_slot + (i_h * RL + phys) * K + o_k,
+                             b_k_s.to(ring_k.dtype.element_ty), mask=mask_k)
+                    tl.store(ring_rawk + slot * stride_rawk_slot + (i_h * RL + phys) * K + o_k,
+                             b_k_raw, mask=mask_k)
+
+    # Chunked delta rule inside the window: u = (I + A)^-1 R by forward substitution.
+    b_gcw = tl.cumsum(b_gw, 0)
+    b_u = tl.zeros([BT, BV], dtype=tl.float32)
+    for i in tl.static_range(BT):
+        b_gi = _elem(b_gcw, o_t, i)
+        b_betai = _elem(b_betaw, o_t, i)
+        b_ki = _row(b_kw, o_t, i)
+        b_r = b_betai * (_row(b_vw, o_t, i) - tl.exp(b_gi) * _row(b_hk, o_t, i))
+        b_aij = tl.where(o_t < i, b_betai * tl.exp(b_gi - b_gcw) * tl.sum(b_kw * b_ki[None, :], 1), 0.0)
+        b_u = _set_row(b_u, o_t, i, b_r - tl.sum(b_u * b_aij[:, None], 0))
+    for s in tl.static_range(BT):
+        if s < T:
+            b_gs = _elem(b_gcw, o_t, s)
+            b_qs = _row(b_qw, o_t, s)
+            b_coef = tl.where(o_t <= s, tl.exp(b_gs - b_gcw) * tl.sum(b_kw * b_qs[None, :], 1), 0.0)
+            b_o = tl.exp(b_gs) * _row(b_hq, o_t, s) + tl.sum(b_u * b_coef[:, None], 0)
+            p_o = o + ((i_n * T + s) * HV + i_hv) * V + o_v
+            tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=mask_v)
+            phys = (org + wp + s) % RL
+            tl.store(ring_d + slot * stride_d_slot + (i_hv * RL + phys) * V + o_v,
+                     _row(b_u, o_t, s).to(ring_d.dtype.element_ty), mask=mask_v)
+
+
+def _strides4(t: torch.Tensor, inner: int, name: str) -> tuple[int, int]:
+    if t.dim() != 4 or t.stride(-1) != 1 or t.stride(-2) != inner:
+        raise ValueError(f"`{name}` must be [B, T, heads, dim] with contiguous heads and dim")
+    return t.stride(0), t.stride(1)
+
+
+def gdn_replay_verify(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    rings: GDNRings,
+    slot_idx: torch.Tensor,
+    wpos: torch.Tensor,
+    origin: torch.Tensor,
+    scale: Optional[float] = None,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Outputs for every draft of every row; writes the window into the ring.
+
+    Args:
+        q, k (torch.Tensor): `[B, T, H, K]` raw queries/keys.
+        v (torch.Tensor): `[B, T, HV, V]`.
+        a, b (torch.Tensor): `[B, T, HV]`.
+        A_log, dt_bias (torch.Tensor): `[HV]` fp32.
+        state (torch.Tensor): `[S, HV, V, K]` fp32 checkpoints, read only.
+        rings (GDNRings): one layer's rings; window entries are written at
+            `(origin + wpos + s) % L`. The caller guarantees `wpos + T <= L` (commit's early flush).
+        slot_idx (torch.Tensor): `[B]` slots, `< 0` = padding (writes nothing).
+        wpos, origin (torch.Tensor): `[S]` int32 cursors (not modified).
+
+    Returns:
+        `[B, T, HV, V]` outputs in the dtype of `q`.
+    """
+    B, T, H, K = k.shape
+    S, HV, V, K2 = state.shape
+    if K2 != K or q.shape != k.shape or v.shape != (B, T, HV, V):
+        raise ValueError(f"shape mismatch: q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)} state {tuple(state.shape)}")
+    if HV % H != 0:
+        raise ValueError(f"num_v_heads={HV} must be a multiple of num_k_heads={H}")
+    if state.dtype != torch.float32 or state[0].stride() != (V * K, K, 1):
+        raise ValueError("state must be fp32 [S, HV, V, K] with contiguous inner dims")
+    if a.shape != (B, T, HV) or b.shape != (B, T, HV) or a.stride(-1) != 1 or b.stride(-1) != 1:
+        raise ValueError("a and b must be [B, T, HV] with a contiguous last dim")
+    check_gdn_rings(rings, H, HV, K, V)
+    if rings.d.dtype != k.dtype:
+        raise ValueError(f"ring dtype {rings.d.dtype} must match the activation dtype {k.dtype}")
+    if T > rings.ring_len:
+        raise ValueError(f"{T} drafts do not fit a ring of {rings.ring_len} entries")
+    if scale is None:
+        scale = K ** -0.5
+    if out is None:
+        out = torch.empty((B, T, HV, V), dtype=q.dtype, device=q.device)
+    elif out.shape != (B, T, HV, V) or not out.is_contiguous():
+        raise ValueError("out must be a contiguous [B, T, HV, V] tensor")
+    if B == 0 or T == 0:
+        return out
+    BK = triton.next_power_of_2(K)
+    BV = min(triton.next_power_of_2(V), 32)
+    RL = rings.ring_len
+    grid = (triton.cdiv(V, BV) * B * HV,)
+    _gdn_verify_kernel[grid](
+        q, k, v, a, b, A_log, dt_bias, out,
+        state, rings.d, rings.k, rings.g, rings.rawv, rings.rawk, rings.beta,
+        slot_idx, wpos, origin,
+        scale, 1.0, 20.0,
+        T,
+        *_strides4(q, K, "q"), *_strides4(k, K, "k"), *_strides4(v, V, "v"),
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+        state.stride(0), rings.d.stride(0), rings.k.stride(0), rings.g.stride(0),
+        rings.rawv.stride(0), rings.rawk.stride(0), rings.beta.stride(0),
+        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=triton.next_power_of_2(T),
+        RL=RL, RLB=triton.next_power_of_2(RL),
+        num_warps=1, num_stages=2,
+    )
+    return out
