@@ -1,0 +1,197 @@
+#!/usr/bin/env bash
+# End-to-end parity on the lent H200: stock SGLang (--mamba-backend triton) vs ours
+# (--mamba-backend replayssm) for {qwen3_next, nemotron_h} x {no spec, NEXTN}, with
+# scripts/e2e_parity.py. Logs and result.json files go under $OUT/<case>/.
+#
+# The wheels do not fit one carry (64 MiB), so this takes two device calls issued back to back
+# (a machine stays warm only ~30 s after a call; see /work/shared/devtools/README.md):
+#   call 1, carry [".whl"]:            bash scripts/device_e2e.sh install
+#   call 2, carry [".whl2", ".tiny"]:  bash scripts/device_e2e.sh run [CASE ...]
+# CASE: qwen3_next | qwen3_next:nextn | nemotron_h | nemotron_h:nextn (default: all four).
+# `run` installs whatever wheel folders it finds that are not installed yet, so with a bigger
+# carry one call can do both. Without .tiny/<preset>/ the checkpoint is built on the device
+# (scripts/make_tiny_model.py, ~15 s each).
+#
+# Env knobs:
+#   OUT              output folder (the run tool sets it; default /tmp/e2e_out)
+#   E2E_ONLY         both | stock | ours                         (default both)
+#   E2E_PARALLEL     cases run at once (1..4)                    (default 4)
+#   E2E_DEADLINE_S   wall budget for the whole command, seconds  (default 570)
+#   E2E_PROMPTS      prompts per case                            (default 32)
+#   E2E_TOKENS       new tokens per prompt                       (default 256)
+#   E2E_SERVER_FLAGS extra flags for every server (default: explicit small pools, see below)
+#   E2E_OURS_FLAGS   extra flags for our server only (e.g. "--replayssm-ring-len 16")
+#   E2E_PREFILL_GRAPH=1  keep prefill CUDA graphs (default: --disable-prefill-cuda-graph; their
+#                        capture alone took ~100 s on the H200)
+#   TINY_QWEN_FLAGS / TINY_NEMOTRON_FLAGS  make_tiny_model.py flags for on-device builds
+set -uo pipefail
+
+T0=$(date +%s)
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SITE=${SITE:-/tmp/site}
+OUT=${OUT:-/tmp/e2e_out}
+PY=${PYTHON:-python3}
+MODE=${1:-run}
+shift || true
+mkdir -p "$OUT"
+
+log() { echo "[device_e2e +$(( $(date +%s) - T0 ))s] $*"; }
+die() { echo "[device_e2e] ERROR: $*" >&2; exit 2; }
+
+setup_env() {
+  export PYTHONPATH="$SITE:$REPO:$REPO/triton_kernels${PYTHONPATH:+:$PYTHONPATH}"
+  export PATH=/opt/torch/.venv/bin:$PATH HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 USE_HUB_KERNELS=NO
+  # flashinfer / tvm-ffi JIT need curand.h and a linkable libcuda.so (devtools README).
+  local inc=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/include
+  if [ -d "$inc" ]; then export NVCC_APPEND_FLAGS="-I$inc${NVCC_APPEND_FLAGS:+ $NVCC_APPEND_FLAGS}"; fi
+  local libcuda
+  libcuda=$(ldconfig -p 2>/dev/null | awk '/libcuda.so.1 /{print $NF; exit}')
+  if [ -n "$libcuda" ]; then
+    mkdir -p /tmp/cudalink && ln -sf "$libcuda" /tmp/cudalink/libcuda.so
+    export LIBRARY_PATH="/tmp/cudalink${LIBRARY_PATH:+:$LIBRARY_PATH}"
+  fi
+}
+
+install_folder() {  # install_folder DIR: pip-install DIR/*.whl into $SITE once per machine
+  local d=$1 marker="$SITE/.installed_$(basename "$1")"
+  [ -d "$REPO/$d" ] || return 0
+  if [ -e "$marker" ]; then log "$d already installed"; return 0; fi
+  ls "$REPO/$d"/*.whl >/dev/null 2>&1 || die "$d has no wheels"
+  log "installing $d ($(du -sm "$REPO/$d" | cut -f1) MiB)"
+  local plog=/tmp/pip_$(basename "$d").log
+  if ! "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$REPO/$d"/*.whl >"$plog" 2>&1; then
+    cat "$plog"; die "pip install of $d failed"
+  fi
+  grep -v "already exists" "$plog" || true  # .whl2: harmless "/tmp/site/bin already exists"
+  touch "$marker"
+}
+
+install_plugin() {
+  # The plugin runs from the repo copy (PYTHONPATH); SGLang finds it through the
+  # `sglang.srt.plugins` entry point, so write a minimal dist-info carrying pyproject's entry points.
+  "$PY" - "$REPO" "$SITE" <<'EOF'
+import pathlib, sys, tomllib
+repo, site = map(pathlib.Path, sys.argv[1:])
+proj = tomllib.loads((repo / "pyproject.toml").read_text())["project"]
+eps = proj.get("entry-points", {})
+name = proj["name"].replace("-", "_")
+for old in site.glob(f"{name}-*.dist-info"):
+    for f in old.iterdir():
+        f.unlink()
+    old.rmdir()
+if (repo / f"{name}.egg-info").exists():
+    print(f"plugin: using {name}.egg-info from the repo")
+    sys.exit(0)
+d = site / f"{name}-{proj['version']}.dist-info"
+d.mkdir(parents=True)
+(d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {proj['name']}\nVersion: {proj['version']}\n")
+lines = []
+for group, entries in eps.items():
+    lines.append(f"[{group}]")
+    lines += [f"{k} = {v}" for k, v in entries.items()]
+    lines.append("")
+(d / "entry_points.txt").write_text("\n".join(lines))
+print(f"plugin: wrote {d.name}; entry points: {eps.get('sglang.srt.plugins', 'NONE (sglang.srt.plugins missing!)')}")
+EOF
+}
+
+do_install() {
+  setup_env
+  install_folder .whl
+  install_folder .whl2
+  [ -d "$SITE/sglang" ] || die "sglang is not in $SITE after install (carry .whl)"
+  log "install done"
+}
+
+build_or_find_model() {  # build_or_find_model PRESET -> prints the checkpoint dir
+  local preset=$1
+  if [ -f "$REPO/.tiny/$preset/config.json" ]; then echo "$REPO/.tiny/$preset"; return 0; fi
+  local dst=/tmp/tiny/$preset flags
+  if [ -f "$dst/config.json" ]; then echo "$dst"; return 0; fi
+  case $preset in
+    qwen3_next) flags=${TINY_QWEN_FLAGS:---mixer-out-scale 300 --accept-rate-knob 0.3} ;;
+    nemotron_h) flags=${TINY_NEMOTRON_FLAGS:---mixer-out-scale 10 --accept-rate-knob 0.3} ;;
+  esac
+  # shellcheck disable=SC2086
+  "$PY" "$REPO/scripts/make_tiny_model.py" --preset "$preset" --out "$dst" $flags >"$OUT/build_$preset.log" 2>&1 \
+    || { echo "build of $preset failed, see $OUT/build_$preset.log" >&2; return 1; }
+  echo "$dst"
+}
+
+do_run() {
+  do_install
+  install_plugin
+  local cases=("$@")
+  [ ${#cases[@]} -gt 0 ] || cases=(qwen3_next qwen3_next:nextn nemotron_h nemotron_h:nextn)
+  local deadline=${E2E_DEADLINE_S:-570} parallel=${E2E_PARALLEL:-4} only=${E2E_ONLY:-both}
+  local prompts=${E2E_PROMPTS:-32} tokens=${E2E_TOKENS:-256}
+  # Explicit small pools: several servers can share the GPU, and every server (stock or ours,
+  # started early or late) gets the same sizes.
+  local server_flags=${E2E_SERVER_FLAGS:---mem-fraction-static 0.85 --max-total-tokens 65536 --max-mamba-cache-size 128 --max-running-requests 48}
+  local prefill_flag=--disable-prefill-cuda-graph
+  [ "${E2E_PREFILL_GRAPH:-0}" = 1 ] && prefill_flag=
+
+  nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/[gpu] /'
+  "$PY" -c "import importlib.metadata as m; print('[plugins]', [e.value for e in m.entry_points(group='sglang.srt.plugins')])"
+
+  local -A model=()
+  local c preset
+  for c in "${cases[@]}"; do
+    preset=${c%%:*}
+    case $preset in qwen3_next|nemotron_h) ;; *) die "unknown case $c" ;; esac
+    if [ -z "${model[$preset]:-}" ]; then
+      model[$preset]=$(build_or_find_model "$preset") || die "no checkpoint for $preset"
+      log "$preset: ${model[$preset]}"
+    fi
+  done
+
+  local pids=() names=() i=0 running=0
+  for c in "${cases[@]}"; do
+    preset=${c%%:*}
+    local name=${c/:/_} spec=()
+    [ "$c" != "$preset" ] && spec=(--spec)
+    while [ "$running" -ge "$parallel" ]; do
+      wait -n 2>/dev/null || true
+      running=$(jobs -rp | wc -l)
+    done
+    local left=$(( deadline - ($(date +%s) - T0) - 10 ))
+    if [ "$left" -lt 60 ]; then log "skipping $name: ${left}s left"; continue; fi
+    # Startup covers import, weights, CUDA-graph capture and the warmup request (which waits
+    # for flashinfer's JIT on Nemotron-H the first time).
+    local startup=$(( left / 2 - 15 )); [ "$startup" -gt 330 ] && startup=330
+    mkdir -p "$OUT/$name"
+    log "start $name (stock+ours, ${left}s left, startup timeout ${startup}s)"
+    timeout -s TERM -k 20 "$left" "$PY" "$REPO/scripts/e2e_parity.py" \
+      --model "${model[$preset]}" "${spec[@]}" --only "$only" --out "$OUT/$name" \
+      --port $(( 30000 + 1000 * i )) --num-prompts "$prompts" --max-new-tokens "$tokens" \
+      $prefill_flag --cuda-graph-max-bs 48 --sampling-backend pytorch \
+      --extra-args="$server_flags" --ours-extra-args="${E2E_OURS_FLAGS:-}" \
+      --startup-timeout "$startup" --request-timeout 120 --python "$PY" \
+      >"$OUT/$name/driver.log" 2>&1 &
+    pids+=($!); names+=("$name"); i=$((i + 1)); running=$((running + 1))
+  done
+
+  local rc=0 k status
+  for k in "${!pids[@]}"; do
+    wait "${pids[$k]}"; status=$?
+    [ "$status" -ne 0 ] && rc=1
+    echo "${names[$k]} exit=$status" >>"$OUT/summary.txt"
+  done
+  log "all cases finished"
+  for k in "${!names[@]}"; do
+    echo
+    echo "=================== ${names[$k]} ==================="
+    # The driver prints its table last; show it (and any log tail it printed before).
+    sed -n '/^--- \|^e2e parity/,$p' "$OUT/${names[$k]}/driver.log" | tail -n 60
+  done
+  echo
+  cat "$OUT/summary.txt"
+  log "done (rc=$rc)"
+  return $rc
+}
+
+case $MODE in
+  install) do_install ;;
+  run) do_run "$@" ;;
+  *) die "usage: $0 install | run [CASE ...]" ;;
+esac

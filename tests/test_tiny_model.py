@@ -1,0 +1,285 @@
+"""CPU checks of scripts/make_tiny_model.py: the checkpoints load in transformers, SGLang 0.5.17
+parses their configs into the expected mamba cache shapes, MTP tensors are complete, the
+section-4.2 construction is in the weights, and the tokenizer round-trips text."""
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("USE_HUB_KERNELS", "NO")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_script(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look the module up while the class is created
+    spec.loader.exec_module(mod)
+    return mod
+
+
+mtm = _load_script("make_tiny_model")
+
+# (preset, mixer_out_scale, knob): knob 0.3 exercises the calibration path.
+BUILDS = {"qwen3_next": (300.0, 0.3), "nemotron_h": (10.0, 0.3)}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = {}
+    for preset, (scale, knob) in BUILDS.items():
+        d = tmp_path_factory.mktemp("ckpt") / preset
+        info = mtm.build(preset, d, seed=1, accept_rate_knob=knob, mixer_out_scale=scale)
+        out[preset] = (d, info)
+    return out
+
+
+def _tensors(d):
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(d) / "model.safetensors"))
+
+
+def test_files_and_config_fixes(built):
+    for preset, (d, info) in built.items():
+        names = {p.name for p in d.iterdir()}
+        assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                "generation_config.json"} <= names, names
+        cfg = json.loads((d / "config.json").read_text())
+        gen = json.loads((d / "generation_config.json").read_text())
+        assert cfg["eos_token_id"] == 2 and gen["eos_token_id"] == 2 and cfg["pad_token_id"] == 0
+        assert cfg["tie_word_embeddings"] is False
+        if preset == "qwen3_next":
+            assert cfg["architectures"] == ["Qwen3NextForCausalLM"]
+            assert cfg["full_attention_interval"] == 4
+            assert cfg["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
+            assert cfg["rope_theta"] == cfg["rope_parameters"]["rope_theta"]
+            assert cfg["mtp_num_hidden_layers"] == 1
+        else:
+            assert cfg["architectures"] == ["NemotronHForCausalLM"]
+            assert cfg["hybrid_override_pattern"] == "MEM*E"
+            assert cfg["mtp_hybrid_override_pattern"] == "*E"
+            assert cfg["mamba_n_groups"] == cfg["n_groups"] == 2
+            assert cfg["num_hidden_layers"] == 5 and cfg["num_nextn_predict_layers"] == 1
+            for k in ("layers_block_type", "mtp_layers_block_type", "time_step_limit"):
+                assert k not in cfg, k
+        assert info["bytes"] < 24 * 2**20, info["bytes"]
+
+
+def _expected_mtp_shapes(preset, cfg):
+    """Section 2.1 of the notes, written out independently of the builder."""
+    H = cfg["hidden_size"]
+    exp = {}
+    if preset == "qwen3_next":
+        nh, kv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+        E, I, Ish = cfg["num_experts"], cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"]
+        L = "mtp.layers.0."
+        exp.update({
+            "mtp.fc.weight": (H, 2 * H),
+            "mtp.pre_fc_norm_embedding.weight": (H,),
+            "mtp.pre_fc_norm_hidden.weight": (H,),
+            "mtp.norm.weight": (H,),
+            L + "input_layernorm.weight": (H,),
+            L + "post_attention_layernorm.weight": (H,),
+            L + "self_attn.q_proj.weight": (2 * nh * hd, H),
+            L + "self_attn.k_proj.weight": (kv * hd, H),
+            L + "self_attn.v_proj.weight": (kv * hd, H),
+            L + "self_attn.o_proj.weight": (H, nh * hd),
+            L + "self_attn.q_norm.weight": (hd,),
+            L + "self_attn.k_norm.weight": (hd,),
+            L + "mlp.gate.weight": (E, H),
+            L + "mlp.shared_expert.gate_proj.weight": (Ish, H),
+            L + "mlp.shared_expert.up_proj.weight": (Ish, H),
+            L + "mlp.shared_expert.down_proj.weight": (H, Ish),
+            L + "mlp.shared_expert_gate.weight": (1, H),
+        })
+        for e in range(E):
+            exp[L + f"mlp.experts.{e}.gate_proj.weight"] = (I, H)
+            exp[L + f"mlp.experts.{e}.up_proj.weight"] = (I, H)
+            exp[L + f"mlp.experts.{e}.down_proj.weight"] = (H, I)
+        return exp
+    nh, kv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    E, I, Ish = cfg["n_routed_experts"], cfg["moe_intermediate_size"], cfg["moe_shared_expert_intermediate_size"]
+    a, m = "mtp.layers.0.", "mtp.layers.1."
+    exp.update({
+        a + "enorm.weight": (H,),
+        a + "hnorm.weight": (H,),
+        a + "eh_proj.weight": (H, 2 * H),
+        a + "norm.weight": (H,),
+        a + "mixer.q_proj.weight": (nh * hd, H),
+        a + "mixer.k_proj.weight": (kv * hd, H),
+        a + "mixer.v_proj.weight": (kv * hd, H),
+        a + "mixer.o_proj.weight": (H, nh * hd),
+        m + "norm.weight": (H,),
+        m + "mixer.gate.weight": (E, H),
+        m + "mixer.gate.e_score_correction_bias": (E,),
+        m + "mixer.shared_experts.up_proj.weight": (Ish, H),
+        m + "mixer.shared_experts.down_proj.weight": (H, Ish),
+        m + "final_layernorm.weight": (H,),
+    })
+    for e in range(E):
+        exp[m + f"mixer.experts.{e}.up_proj.weight"] = (I, H)
+        exp[m + f"mixer.experts.{e}.down_proj.weight"] = (H, I)
+    return exp
+
+
+def test_mtp_tensors_complete(built):
+    for preset, (d, info) in built.items():
+        cfg = json.loads((d / "config.json").read_text())
+        t = _tensors(d)
+        got = {k: tuple(v.shape) for k, v in t.items() if k.startswith("mtp.")}
+        assert got == _expected_mtp_shapes(preset, cfg), sorted(set(got) ^ set(_expected_mtp_shapes(preset, cfg)))
+        if preset == "nemotron_h":
+            assert t["mtp.layers.1.mixer.gate.e_score_correction_bias"].dtype == torch.float32
+            assert "backbone.embeddings.weight" in t and "backbone.embedding.weight" not in t
+            assert float(t["mtp.layers.0.enorm.weight"].float().min()) == 1.0  # plain RMSNorm: ones
+        else:
+            assert float(t["mtp.pre_fc_norm_hidden.weight"].float().abs().max()) == 0.0  # Gemma norm: zeros
+
+
+def test_accept_construction_in_weights(built):
+    for preset, (d, info) in built.items():
+        t = _tensors(d)
+        cfg = json.loads((d / "config.json").read_text())
+        H = cfg["hidden_size"]
+        emb = t["model.embed_tokens.weight" if preset == "qwen3_next" else "backbone.embeddings.weight"].float()
+        head = t["lm_head.weight"].float()
+        # Every lm_head row is a scaled copy of exactly one embedding row (a permutation).
+        en, hn = emb / emb.norm(dim=1, keepdim=True), head / head.norm(dim=1, keepdim=True)
+        sim = hn @ en.T
+        best = sim.argmax(1)
+        assert torch.equal(best.sort().values, torch.arange(emb.shape[0])), "lm_head is not a row permutation of E"
+        assert sim.max(1).values.min() > 0.99
+        scale = (head.norm(dim=1) / emb[best].norm(dim=1)).mean().item()
+        assert scale == pytest.approx(info["logit"] / H, rel=0.02)
+        # MTP mix matrix [(1 - w) I | w I].
+        w = info["mtp_mix_w"]
+        assert 0.0 < w < 1.0  # knob 0.3 -> an interior, calibrated w
+        key = "mtp.fc.weight" if preset == "qwen3_next" else "mtp.layers.0.eh_proj.weight"
+        eye = torch.eye(H)
+        want = torch.cat([(1 - w) * eye, w * eye], 1).to(t[key].dtype).float()
+        assert torch.equal(t[key].float(), want)
+        # Measurements in the info file: the target follows perm, the calibration lowered acceptance.
+        assert info["follows_perm"] > 0.9
+        assert info["est_first_draft_accept"] < info["est_first_draft_accept_w0"]
+        assert info["history_logprob_delta_mean"] > 0.05, "outputs should depend on the SSM state"
+        saved = json.loads((d / "tiny_model_info.json").read_text())
+        assert saved["mtp_mix_w"] == w
+
+
+def test_mixer_scale_changes_state_sensitivity(tmp_path):
+    base = mtm.build("nemotron_h", tmp_path / "a", seed=3, mixer_out_scale=1.0)
+    scaled = mtm.build("nemotron_h", tmp_path / "b", seed=3, mixer_out_scale=10.0)
+    ta, tb = _tensors(tmp_path / "a"), _tensors(tmp_path / "b")
+    k = "backbone.layers.0.mixer.out_proj.weight"
+    assert torch.allclose(tb[k].float(), ta[k].float() * 10.0, rtol=1e-2, atol=1e-3)
+    assert scaled["history_logprob_delta_mean"] > 5 * base["history_logprob_delta_mean"]
+
+
+def test_transformers_reload(built):
+    from transformers import AutoModelForCausalLM
+
+    for preset, (d, info) in built.items():
+        model, load = AutoModelForCausalLM.from_pretrained(str(d), output_loading_info=True, dtype=torch.bfloat16)
+        extra = [k for k in load["unexpected_keys"] if not k.startswith("mtp.")]
+        assert not load["missing_keys"] and not extra, (load["missing_keys"], extra)
+        assert not load["mismatched_keys"] and not load["error_msgs"]
+        t = _tensors(d)
+        emb_key = "model.embed_tokens.weight" if preset == "qwen3_next" else "backbone.embeddings.weight"
+        assert torch.equal(model.get_input_embeddings().weight, t[emb_key])
+        assert torch.equal(model.lm_head.weight, t["lm_head.weight"])
+
+
+def test_sglang_config_parsing(built):
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.parser.conversation import get_conv_template_by_model_path
+    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.utils.hf_transformers import get_config
+
+    expect = {
+        # preset: (sglang config class, ssm layer ids, attention layer ids, temporal, conv)
+        "qwen3_next": ("Qwen3NextConfig", [0, 1, 2], [3], (4, 128, 128), [(2 * 2 * 128 + 4 * 128, 3)]),
+        "nemotron_h": ("NemotronHConfig", [0, 2], [3], (8, 64, 128), [(8 * 64 + 2 * 2 * 128, 3)]),
+    }
+    for preset, (d, info) in built.items():
+        cls, ssm_ids, attn_ids, temporal, conv = expect[preset]
+        cfg = get_config(str(d), trust_remote_code=False)
+        assert type(cfg).__name__ == cls and type(cfg).__module__.startswith("sglang.")
+        text = cfg.get_text_config()
+        with get_parallel().override(attn_tp_size=1):
+            params = text.mamba2_cache_params
+        assert params.layers == ssm_ids
+        assert tuple(params.shape.temporal) == temporal
+        assert [tuple(c) for c in params.shape.conv] == conv
+        assert params.dtype.temporal == torch.float32 and params.dtype.conv == torch.bfloat16
+        assert text.full_attention_layer_ids == attn_ids
+        if preset == "nemotron_h":
+            assert text.mamba_n_groups == text.n_groups == 2  # mixer and cache agree
+            assert text.mtp_hybrid_override_pattern == "*E"
+        else:
+            assert text.rope_theta == 10000.0
+        target = ModelConfig(str(d), is_draft_model=False)
+        draft = ModelConfig(str(d), is_draft_model=True)
+        assert target.hf_config.architectures == [cls.replace("Config", "ForCausalLM")]
+        assert draft.hf_config.architectures == [cls.replace("Config", "ForCausalLMMTP")]
+        assert draft.hf_config.num_nextn_predict_layers == 1
+        assert get_conv_template_by_model_path(str(d)) is None  # HF chat template is used
+
+
+def test_tokenizer_roundtrip(built):
+    from transformers import AutoTokenizer
+
+    d, _ = built["qwen3_next"]
+    tok = AutoTokenizer.from_pretrained(str(d))
+    assert len(tok) == 2048
+    assert tok.eos_token_id == 2 and tok.pad_token_id == 0
+    assert [tok.convert_tokens_to_ids(s) for s in mtm.SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
+    samples = [
+        "Find the remainder when $2^{2024}$ is divided by 7. \\boxed{2}",
+        "Janet's ducks lay 16 eggs per day.\n\tShe eats three for breakfast!",
+        "unicode: café, 数学, ∑_{k=1}^n k = n(n+1)/2 ✓  double  spaces",
+    ]
+    for s in samples:
+        ids = tok.encode(s, add_special_tokens=False)
+        assert max(ids) < 2048
+        assert tok.decode(ids) == s
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_no_weights_real_shapes(tmp_path):
+    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.utils.hf_transformers import get_config
+
+    cases = [
+        (["--preset", "qwen3_next", "--shape", "qwen3-next-80b", "--num-layers", "12"], (32, 128, 128), 9, 151936),
+        (["--preset", "nemotron_h", "--shape", "nemotron-3-super", "--pattern", "MEMEMEM*E"], (128, 64, 128), 4, 131072),
+    ]
+    for i, (argv, temporal, n_ssm, vocab) in enumerate(cases):
+        d = tmp_path / f"m{i}"
+        mtm.main(argv + ["--no-weights", "--out", str(d)])
+        assert not (d / "model.safetensors").exists()
+        assert (d / "tokenizer.json").exists() and (d / "generation_config.json").exists()
+        cfg = get_config(str(d), trust_remote_code=False)
+        with get_parallel().override(attn_tp_size=1):
+            params = cfg.get_text_config().mamba2_cache_params
+        assert tuple(params.shape.temporal) == temporal
+        assert len(params.layers) == n_ssm
+        assert cfg.vocab_size == vocab
+        assert json.loads((d / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_bad_overrides_rejected(tmp_path):
+    with pytest.raises(ValueError):
+        mtm.build("nemotron_h", tmp_path / "x", flags={"mtp_pattern": "*M"}, no_weights=True)
+    with pytest.raises(ValueError):
+        mtm.build("qwen3_next", tmp_path / "y", flags={"pattern": "MM*"}, no_weights=True)
+    with pytest.raises(ValueError):
+        mtm.build("qwen3_next", tmp_path / "z", flags={"ssm_heads": 3}, no_weights=True)
