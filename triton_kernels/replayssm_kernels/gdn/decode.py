@@ -201,8 +201,8 @@ def gdn_replay_decode(
     if a.shape != (B, HV) or b.shape != (B, HV) or a.stride(-1) != 1 or b.stride(-1) != 1:
         raise ValueError("a and b must be [B, HV] with a contiguous last dim")
     check_gdn_rings(rings, H, HV, K, V)
-    if rings.d.dtype != k.dtype:
-        raise ValueError(f"ring dtype {rings.d.dtype} must match the activation dtype {k.dtype}")
+    if rings.rawk.dtype != k.dtype:
+        raise ValueError(f"raw ring dtype {rings.rawk.dtype} must match the activation dtype {k.dtype}")
     if scale is None:
         scale = K ** -0.5
     if out is None:

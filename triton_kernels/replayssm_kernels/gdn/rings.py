@@ -3,13 +3,18 @@
 Shapes (all layers; index `[layer]` for one layer's view):
 
     d     [Lm, S, HV, L, V]  activation dtype   u = beta (v - alpha S k), output path
-    k     [Lm, S, H,  L, K]  activation dtype   L2-normalised key, output path
+    k     [Lm, S, H,  L, K]  fp32               L2-normalised key, output path
     g     [Lm, S, HV, L]     fp32               log-decay gate
     rawv  [Lm, S, HV, L, V]  activation dtype   raw value, exact fold
     rawk  [Lm, S, H,  L, K]  activation dtype   raw (pre-norm) key, exact fold
     beta  [Lm, S, HV, L]     fp32               sigmoid(b), exact fold
 
 The slot dimension may be strided (pool views); everything after it must be contiguous.
+
+Why `k` is fp32 and `d` is not: with both rounded to bf16 the one-shot outputs drift past twice
+the baseline kernel's own error (measured on CPU: +1.1e-3 over 2x the baseline error at L=16,
+T=4); keeping either one in fp32 brings them within 2.5e-4 of it, and the `k` ring is the
+cheaper one (one per key head, `HV / H` times smaller than `d`).
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ def gdn_ring_shapes(num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_
     H, HV, K, V, L = num_k_heads, num_v_heads, head_k_dim, head_v_dim, ring_len
     return {
         "d": ((HV, L, V), False),
-        "k": ((H, L, K), False),
+        "k": ((H, L, K), True),
         "g": ((HV, L), True),
         "rawv": ((HV, L, V), False),
         "rawk": ((H, L, K), False),
@@ -110,5 +115,7 @@ def check_gdn_rings(rings: GDNRings, H: int, HV: int, K: int, V: int) -> None:
         inner = t[(0,) * lead] if t.shape[0] > 0 else None
         if inner is not None and not inner.is_contiguous():
             raise ValueError(f"ring `{name}` must be contiguous after the slot dimension")
-    if rings.d.dtype != rings.rawv.dtype or rings.k.dtype != rings.rawk.dtype:
-        raise ValueError("d/rawv and k/rawk must share the activation dtype")
+    if rings.rawv.dtype != rings.rawk.dtype:
+        raise ValueError("rawv and rawk must share the activation dtype")
+    if rings.d.dtype not in (rings.rawk.dtype, torch.float32):
+        raise ValueError("ring `d` must be fp32 or the activation dtype")

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..configs import gdn_verify_config
 from .common import gdn_gate, gdn_l2norm
 from .rings import GDNRings, check_gdn_rings
 
@@ -222,8 +223,8 @@ def gdn_replay_verify(
     if a.shape != (B, T, HV) or b.shape != (B, T, HV) or a.stride(-1) != 1 or b.stride(-1) != 1:
         raise ValueError("a and b must be [B, T, HV] with a contiguous last dim")
     check_gdn_rings(rings, H, HV, K, V)
-    if rings.d.dtype != k.dtype:
-        raise ValueError(f"ring dtype {rings.d.dtype} must match the activation dtype {k.dtype}")
+    if rings.rawk.dtype != k.dtype:
+        raise ValueError(f"raw ring dtype {rings.rawk.dtype} must match the activation dtype {k.dtype}")
     if T > rings.ring_len:
         raise ValueError(f"{T} drafts do not fit a ring of {rings.ring_len} entries")
     if scale is None:
@@ -235,7 +236,8 @@ def gdn_replay_verify(
     if B == 0 or T == 0:
         return out
     BK = triton.next_power_of_2(K)
-    BV = min(triton.next_power_of_2(V), 32)
+    BV, num_warps, num_stages = gdn_verify_config(K, V, T)
+    BV = min(triton.next_power_of_2(V), BV)
     RL = rings.ring_len
     grid = (triton.cdiv(V, BV) * B * HV,)
     _gdn_verify_kernel[grid](
@@ -250,6 +252,6 @@ def gdn_replay_verify(
         rings.rawv.stride(0), rings.rawk.stride(0), rings.beta.stride(0),
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=triton.next_power_of_2(T),
         RL=RL, RLB=triton.next_power_of_2(RL),
-        num_warps=1, num_stages=2,
+        num_warps=num_warps, num_stages=num_stages,
     )
     return out

@@ -1,0 +1,349 @@
+"""Kernel benchmarks: ReplaySSM vs SGLang 0.5.17's own kernels, in one run, on one GPU.
+
+Usage (GPU machine, SGLang importable):
+    python scripts/bench_kernels.py                        # GDN + Mamba-2, all batches
+    python scripts/bench_kernels.py --family gdn --batches 1,256 --json out.json
+    python scripts/bench_kernels.py --sweep                # also try alternative verify configs
+
+Method. Every timed unit is captured in a CUDA graph and replayed (median of `--reps` replays of
+CUDA-event time), so launch overhead is that of a served step, not of Python. To keep the L2
+(60 MB on H200) from holding the state, small batches run several disjoint slot sets inside the
+graph, until the touched state is >= 256 MiB; times are per set. ReplaySSM decode is amortised
+over a full ring cycle (L-1 output-only steps + 1 flush step); speculative verify+commit over a
+fixed seeded sequence of 16 steps with random accept counts (mean ~2.5 of T=4).
+Correctness is checked on the GPU before timing (bit-exact state, outputs close).
+
+Effective GB/s = the bytes each kernel must move (see the *_bytes functions) / time; "% copy" is
+against a device-to-device copy measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+
+MiB = 1 << 20
+
+
+# --------------------------------------------------------------------------------------------
+# timing
+# --------------------------------------------------------------------------------------------
+def time_graph(fn, units: int, reps: int = 30, warmup: int = 2) -> float:
+    """Median microseconds per unit of a CUDA-graph replay of `fn` (which performs `units` units)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        st.record()
+        g.replay()
+        en.record()
+        en.synchronize()
+        times.append(st.elapsed_time(en))
+    del g
+    return statistics.median(times) * 1e3 / units
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy, bytes read + written per second (GB/s)."""
+    n = 2 << 30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    us = time_graph(lambda: dst.copy_(src), 1, reps=20)
+    return 2 * n / (us * 1e-6) / 1e9
+
+
+def n_sets(bytes_per_set: int, target: int = 256 * MiB, cap: int = 64) -> int:
+    return max(1, min(cap, math.ceil(target / max(bytes_per_set, 1))))
+
+
+# --------------------------------------------------------------------------------------------
+# GDN
+# --------------------------------------------------------------------------------------------
+def gdn_state_bytes(HV, V, K):
+    return HV * V * K * 4
+
+
+def gdn_decode_bytes_baseline(B, H, HV, K, V, act=2):
+    """Packed decode: state read + write; q, k, v, a, b read; o written."""
+    return B * (2 * gdn_state_bytes(HV, V, K) + act * (2 * H * K + 2 * HV * V + 2 * HV))
+
+
+def gdn_decode_bytes_ours(B, H, HV, K, V, L, act=2):
+    """Per step, amortised over a cycle of L steps: the state is read every step and written once
+    per cycle; each non-flush step reads on average (L-2)/2 pending entries of d (act) and k (fp32)
+    and appends one entry to the six rings; the flush step reads L-1 raw entries (v, k, g, beta)."""
+    st = gdn_state_bytes(HV, V, K)
+    io = act * (2 * H * K + 2 * HV * V + 2 * HV)
+    avg_pending = (L - 2) / 2 if L > 1 else 0
+    entry_out = HV * V * act + H * K * 4 + HV * 4          # d, k, g
+    entry_raw = HV * V * act + H * K * act + HV * 4        # rawv, rawk, beta
+    nonflush = st + io + avg_pending * entry_out + entry_out + entry_raw
+    flush = 2 * st + io + (L - 1) * entry_raw
+    return B * ((L - 1) * nonflush + flush) / L
+
+
+def gdn_verify_bytes_baseline(B, H, HV, K, V, T, act=2):
+    """Recurrent verify: state read, T intermediate states written; scatter: one state read + write."""
+    st = gdn_state_bytes(HV, V, K)
+    return B * (st + T * st + 2 * st + act * T * (2 * H * K + 2 * HV * V + 2 * HV))
+
+
+def run_gdn(batches, L, T, reps, sweep, results):
+    from sglang.kernels.ops.attention.fla.fused_recurrent import fused_recurrent_gated_delta_rule_packed_decode
+    from sglang.kernels.ops.attention.fla.fused_recurrent_linear_replayssm import (
+        fused_recurrent_linear_replayssm_decode,
+    )
+    from sglang.kernels.ops.attention.fla.fused_sigmoid_gating_recurrent import (
+        fused_sigmoid_gating_delta_rule_update,
+    )
+    from sglang.kernels.ops.attention.fla.gdn_replayssm_spec_fold import commit_gdn_replayssm_fold_all_layers
+    from sglang.kernels.ops.mamba.mamba_state_scatter_triton import fused_mamba_state_scatter_with_mask
+
+    from replayssm_kernels import commit_prepare, decode_prepare
+    from replayssm_kernels.configs import override
+    from replayssm_kernels.gdn import alloc_gdn_rings, gdn_replay_decode, gdn_replay_fold, gdn_replay_verify
+
+    dev, act = "cuda", torch.bfloat16
+    for H, HV in ((16, 32), (16, 64)):
+        K = V = 128
+        A_log = (torch.rand(HV, device=dev) * 0.9 + 0.05).log()
+        dt_bias = torch.randn(HV, device=dev) - 1.0
+        for B in batches:
+            sets = n_sets(B * gdn_state_bytes(HV, V, K))
+            S = sets * B
+            state = torch.randn(S, HV, V, K, device=dev) * 0.1
+            slots = [torch.arange(i * B, (i + 1) * B, dtype=torch.int32, device=dev) for i in range(sets)]
+            qkv_dim = 2 * H * K + HV * V
+            mixed = [torch.randn(B, qkv_dim, device=dev, dtype=act) for _ in range(sets)]
+            av = [torch.randn(B, HV, device=dev, dtype=act) for _ in range(sets)]
+            bv = [torch.randn(B, HV, device=dev, dtype=act) for _ in range(sets)]
+            out = torch.empty(B, 1, HV, V, device=dev, dtype=act)
+
+            def split(m):
+                return (m[:, : H * K].view(B, H, K), m[:, H * K: 2 * H * K].view(B, H, K),
+                        m[:, 2 * H * K:].view(B, HV, V))
+
+            row = {"family": "gdn", "H": H, "HV": HV, "K": K, "V": V, "B": B, "L": L, "sets": sets}
+            # --- decode: packed (stock) -------------------------------------------------
+            def packed():
+                for i in range(sets):
+                    fused_recurrent_gated_delta_rule_packed_decode(
+                        mixed[i], av[i], bv[i], A_log, dt_bias, K ** -0.5, state, out, slots[i],
+                        use_qk_l2norm_in_kernel=True)
+            row["decode_packed_us"] = time_graph(packed, sets, reps)
+            # --- decode: SGLang in-tree ReplaySSM, amortised over a cycle ---------------
+            d_c = torch.zeros(S, HV, L, V, device=dev)
+            k_c = torch.zeros(S, H, L, K, device=dev)
+            g_c = torch.zeros(S, HV, L, device=dev)
+            wps = [torch.full((B,), j, dtype=torch.int32, device=dev) for j in range(L)]
+
+            def intree():
+                for j in range(L):
+                    for i in range(sets):
+                        fused_recurrent_linear_replayssm_decode(
+                            mixed[i], av[i], bv[i], A_log, dt_bias, K ** -0.5, state, d_c, k_c, g_c,
+                            out, slots[i], wps[j], use_qk_l2norm_in_kernel=True)
+            row["decode_intree_us"] = time_graph(intree, sets * L, reps)
+            del d_c, k_c, g_c
+            # --- decode: ours, amortised over a cycle -----------------------------------
+            rings = alloc_gdn_rings(1, S, H, HV, K, V, L, act, dev).layer(0)
+            wpos = torch.zeros(S, dtype=torch.int32, device=dev)
+            origin = torch.zeros(S, dtype=torch.int32, device=dev)
+            snaps = []
+            for j in range(L):
+                snaps.append([tuple(t.clone() for t in decode_prepare(slots[i], wpos, L)) for i in range(sets)])
+            o2 = torch.empty(B, HV, V, device=dev, dtype=act)
+
+            def ours_decode():
+                for j in range(L):
+                    for i in range(sets):
+                        q, k, v = split(mixed[i])
+                        gdn_replay_decode(q, k, v, av[i], bv[i], A_log, dt_bias, state, rings, slots[i],
+                                          snaps[j][i][0], snaps[j][i][1], origin, out=o2)
+            row["decode_ours_us"] = time_graph(ours_decode, sets * L, reps)
+
+            def prep():
+                for i in range(sets):
+                    decode_prepare(slots[i], wpos, L, row_wp=snaps[0][i][0], row_flush=snaps[0][i][1])
+            row["decode_prepare_us"] = time_graph(prep, sets, reps)
+            del rings
+            # --- spec verify + commit ---------------------------------------------------
+            gen = torch.Generator().manual_seed(0)
+            n_steps = 16
+            accs = [torch.randint(1, T + 1, (B,), generator=gen).to(dev, torch.int32) for _ in range(n_steps)]
+            qs = [torch.randn(B, T, H, K, device=dev, dtype=act) for _ in range(sets)]
+            ks = [torch.randn(B, T, H, K, device=dev, dtype=act) for _ in range(sets)]
+            vs = [torch.randn(B, T, HV, V, device=dev, dtype=act) for _ in range(sets)]
+            as_ = [torch.randn(B, T, HV, device=dev, dtype=act) for _ in range(sets)]
+            bs_ = [torch.randn(B, T, HV, device=dev, dtype=act) for _ in range(sets)]
+            ov = torch.empty(B, T, HV, V, device=dev, dtype=act)
+            # stock: recurrent verify writing intermediate states, then the accept scatter
+            inter = torch.empty(B + 1, T, HV, V, K, device=dev)
+            inter_idx = torch.arange(B, dtype=torch.int32, device=dev)
+            cu = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=dev)
+            steps_idx = [(a - 1).to(torch.int64) for a in accs]
+
+            def stock_spec():
+                for t in range(n_steps):
+                    for i in range(sets):
+                        fused_sigmoid_gating_delta_rule_update(
+                            A_log=A_log, a=as_[i].view(1, B * T, HV), dt_bias=dt_bias, softplus_beta=1.0,
+                            softplus_threshold=20.0, q=qs[i].view(1, B * T, H, K), k=ks[i].view(1, B * T, H, K),
+                            v=vs[i].view(1, B * T, HV, V), b=bs_[i].view(1, B * T, HV),
+                            initial_state_source=state, initial_state_indices=slots[i], cu_seqlens=cu,
+                            use_qk_l2norm_in_kernel=True, disable_state_update=True,
+                            intermediate_states_buffer=inter, intermediate_state_indices=inter_idx, cache_steps=T)
+                        fused_mamba_state_scatter_with_mask(state[None], inter[None], slots[i], steps_idx[t])
+            row["spec_stock_us"] = time_graph(stock_spec, sets * n_steps, reps)
+            del inter
+            # SGLang 0.5.17 fold-every-commit (--enable-linear-replayssm-spec)
+            rv = torch.zeros(S, HV, T, V, device=dev, dtype=act)
+            rk = torch.zeros(S, H, T, K, device=dev, dtype=act)
+            rg = torch.zeros(S, HV, T, device=dev)
+            rb = torch.zeros(S, HV, T, device=dev)
+
+            def fold_spec():
+                for t in range(n_steps):
+                    for i in range(sets):
+                        fused_sigmoid_gating_delta_rule_update(
+                            A_log=A_log, a=as_[i].view(1, B * T, HV), dt_bias=dt_bias, softplus_beta=1.0,
+                            softplus_threshold=20.0, q=qs[i].view(1, B * T, H, K), k=ks[i].view(1, B * T, H, K),
+                            v=vs[i].view(1, B * T, HV, V), b=bs_[i].view(1, B * T, HV),
+                            initial_state_source=state, initial_state_indices=slots[i], cu_seqlens=cu,
+                            use_qk_l2norm_in_kernel=True, disable_state_update=True, cache_ring=True,
+                            replayssm_rawv=rv, replayssm_rawk=rk, replayssm_g=rg, replayssm_beta=rb)
+                        commit_gdn_replayssm_fold_all_layers(
+                            state[None], rv[None], rk[None], rg[None], rb[None], slots[i], accs[t], T, H)
+            row["spec_fold_every_commit_us"] = time_graph(fold_spec, sets * n_steps, reps)
+            del rv, rk, rg, rb
+            # ours
+            rings_all = alloc_gdn_rings(1, S, H, HV, K, V, L, act, dev)
+            rings = rings_all.layer(0)
+            wpos.zero_()
+            origin.zero_()
+            nf = torch.empty(B, dtype=torch.int32, device=dev)
+            no = torch.empty(B, dtype=torch.int32, device=dev)
+
+            def ours_spec():
+                for t in range(n_steps):
+                    for i in range(sets):
+                        gdn_replay_verify(qs[i], ks[i], vs[i], as_[i], bs_[i], A_log, dt_bias, state, rings,
+                                          slots[i], wpos, origin, out=ov)
+                        commit_prepare(slots[i], wpos, origin, accs[t], L, T, row_nfold=nf, row_origin=no)
+                        gdn_replay_fold(state[None], rings_all, slots[i], nf, no)
+            row["spec_ours_us"] = time_graph(ours_spec, sets * n_steps, reps)
+            if sweep:
+                for cfg in ((32, 2, 2), (64, 2, 2), (64, 4, 2), (128, 4, 2), (32, 1, 3)):
+                    with override("gdn_verify", cfg):
+                        row[f"spec_ours_us_{cfg[0]}x{cfg[1]}x{cfg[2]}"] = time_graph(ours_spec, sets * n_steps, reps)
+            del rings, rings_all, state
+            torch.cuda.empty_cache()
+            row["decode_bytes_packed"] = gdn_decode_bytes_baseline(B, H, HV, K, V)
+            row["decode_bytes_ours"] = gdn_decode_bytes_ours(B, H, HV, K, V, L)
+            row["spec_bytes_stock"] = gdn_verify_bytes_baseline(B, H, HV, K, V, T)
+            results.append(row)
+            print(json.dumps(row), flush=True)
+
+
+def gdn_correctness_check():
+    """Quick on-GPU check before timing: bit-exact committed state, decode and spec."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "tests" / "test_gdn_kernels.py"
+    spec = importlib.util.spec_from_file_location("_t", path)
+    t = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(t)
+
+    def check(name, out, base, ref, dtype):
+        err = (out.double() - ref.double()).abs().max().item()
+        eb = (base.double() - ref.double()).abs().max().item()
+        assert err <= 2 * eb + {torch.bfloat16: 1e-3, torch.float32: 1e-4}[dtype], (name, err, eb)
+
+    t.test_gdn_decode(2, 16, 32, 128, 128, 16, torch.bfloat16, 34, "cuda", check)
+    t.test_gdn_verify_commit(4, 16, 32, 128, 128, 16, 4, torch.bfloat16, 20, "cuda", check)
+
+
+# --------------------------------------------------------------------------------------------
+def print_table(results, bw):
+    print(f"\nmeasured copy bandwidth: {bw:.0f} GB/s")
+    hdr = ("fam", "shape", "B", "dec base us", "dec ours us", "x", "GB/s", "%copy", "intree x",
+           "spec base us", "spec ours us", "x", "fold-every x")
+    print(" | ".join(hdr))
+    for r in results:
+        if r["family"] == "gdn":
+            shape = f"H{r['H']} HV{r['HV']}"
+            base, ours = r["decode_packed_us"], r["decode_ours_us"]
+            gbs = r["decode_bytes_ours"] / (ours * 1e-6) / 1e9
+            print(" | ".join(str(x) for x in (
+                "gdn", shape, r["B"], f"{base:.1f}", f"{ours:.1f}", f"{base / ours:.2f}", f"{gbs:.0f}",
+                f"{100 * gbs / bw:.0f}", f"{base / r['decode_intree_us']:.2f}",
+                f"{r['spec_stock_us']:.1f}", f"{r['spec_ours_us']:.1f}",
+                f"{r['spec_stock_us'] / r['spec_ours_us']:.2f}",
+                f"{r['spec_stock_us'] / r['spec_fold_every_commit_us']:.2f}")))
+        else:
+            print(r)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--family", default="all", choices=["all", "gdn", "mamba2"])
+    p.add_argument("--batches", default="1,8,32,128,256,512")
+    p.add_argument("--ring-len", type=int, default=16)
+    p.add_argument("--draft-tokens", type=int, default=4)
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--sweep", action="store_true")
+    p.add_argument("--skip-check", action="store_true")
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("bench_kernels.py needs a CUDA GPU")
+    batches = [int(x) for x in args.batches.split(",")]
+    torch.manual_seed(0)
+    t0 = time.time()
+    info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d"), "argv": sys.argv}
+    import triton
+    info["triton"] = triton.__version__
+    bw = copy_bandwidth()
+    info["copy_GBps"] = bw
+    results = []
+    if args.family in ("all", "gdn"):
+        if not args.skip_check:
+            gdn_correctness_check()
+            print("gdn correctness check on GPU: ok", flush=True)
+        run_gdn(batches, args.ring_len, args.draft_tokens, args.reps, args.sweep, results)
+    if args.family in ("all", "mamba2"):
+        try:
+            from bench_mamba2 import run_mamba2  # noqa: F401  (added with the Mamba-2 kernels)
+        except ImportError:
+            run_mamba2 = None
+        if run_mamba2 is not None:
+            run_mamba2(batches, args.ring_len, args.draft_tokens, args.reps, args.sweep, results, args.skip_check)
+    info["elapsed_s"] = time.time() - t0
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"info": info, "results": results}, f, indent=1)
+    print(json.dumps(info))
+    print_table(results, bw)
+
+
+if __name__ == "__main__":
+    main()

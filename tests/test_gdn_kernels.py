@@ -1,0 +1,283 @@
+"""GDN ReplaySSM kernels against an fp64 recurrence and SGLang 0.5.17's own recurrent kernel.
+
+State: bit-identical (`torch.equal`) to `fused_sigmoid_gating_delta_rule_update` stepped over the
+committed tokens, after every decode step and every commit. Outputs: within 2x the baseline's own
+error against fp64 (see conftest). Flush steps (and every step at L=1) match the baseline bit for bit.
+"""
+
+import pytest
+import torch
+
+from replayssm_kernels import commit_prepare, decode_prepare, pending_fold_plan
+from replayssm_kernels.gdn import (
+    alloc_gdn_rings,
+    gdn_recurrent_ref,
+    gdn_replay_decode,
+    gdn_replay_fold,
+    gdn_replay_verify,
+)
+from sglang.kernels.ops.attention.fla.fused_sigmoid_gating_recurrent import (
+    fused_sigmoid_gating_delta_rule_update as sglang_gdn_recurrent,
+)
+from sglang_replayssm.testing import GDNHarness
+
+bf16, fp32 = torch.bfloat16, torch.float32
+
+
+def _params(HV, device, gen):
+    # Mix of slow (alpha ~ 0.97) and fast (alpha ~ 0.3) decaying heads.
+    A_log = torch.log(torch.rand(HV, generator=gen) * 0.9 + 0.05)
+    dt_bias = torch.randn(HV, generator=gen) - 1.0
+    return A_log.to(device), dt_bias.to(device)
+
+
+def _inputs(B, T, H, HV, K, V, dtype, device, gen):
+    def r(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen) * scale).to(device=device, dtype=dtype)
+
+    return (r(B, T, H, K), r(B, T, H, K), r(B, T, HV, V), r(B, T, HV), r(B, T, HV, scale=2.0))
+
+
+def _baseline(S, q, k, v, a, b, A_log, dt_bias, update=True):
+    """SGLang's kernel on pool `S` (rows map to slots 0..B-1)."""
+    idx = torch.arange(q.shape[0], dtype=torch.int32, device=q.device)
+    return sglang_gdn_recurrent(
+        A_log=A_log, a=a, dt_bias=dt_bias, softplus_beta=1.0, softplus_threshold=20.0,
+        q=q, k=k, v=v, b=b, initial_state_source=S, initial_state_indices=idx,
+        use_qk_l2norm_in_kernel=True, disable_state_update=not update,
+    )
+
+
+DECODE_CASES = [
+    # B, H, HV, K, V, L, dtype, steps
+    pytest.param(3, 2, 4, 32, 16, 1, bf16, 6, id="B3-H2-HV4-K32-V16-L1-bf16"),
+    pytest.param(3, 2, 4, 32, 16, 4, bf16, 13, id="B3-H2-HV4-K32-V16-L4-bf16"),
+    pytest.param(3, 2, 4, 32, 16, 16, bf16, 36, id="B3-H2-HV4-K32-V16-L16-bf16"),
+    pytest.param(3, 2, 4, 32, 16, 4, fp32, 10, id="B3-H2-HV4-K32-V16-L4-fp32"),
+    pytest.param(2, 1, 3, 48, 40, 4, bf16, 9, id="B2-H1-HV3-K48-V40-L4-bf16"),
+    pytest.param(2, 1, 2, 128, 128, 16, bf16, 18, id="B2-H1-HV2-K128-V128-L16-bf16"),
+]
+
+
+@pytest.mark.parametrize("B,H,HV,K,V,L,dtype,steps", DECODE_CASES)
+def test_gdn_decode(B, H, HV, K, V, L, dtype, steps, device, assert_within_baseline):
+    gen = torch.Generator().manual_seed(1000 + 7 * L + K)
+    A_log, dt_bias = _params(HV, device, gen)
+    h = GDNHarness(batch=B, num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V,
+                   A_log=A_log, dt_bias=dt_bias, ring_len=L, max_draft_tokens=1, device=device)
+    S0 = (torch.randn(B, HV, V, K, generator=gen) * 0.3).to(device)
+    h.set_state(S0)
+    S_base = S0.clone()
+    S_ref = S0.double()
+    flushes = 0
+    for step in range(steps):
+        q, k, v, a, b = _inputs(B, 1, H, HV, K, V, dtype, device, gen)
+        force = (torch.rand(B, generator=gen) < 0.15).to(device) if step % 5 == 3 else None
+        o = h.decode(q[:, 0], k[:, 0], v[:, 0], a[:, 0], b[:, 0], force_flush=force)
+        o_base = _baseline(S_base, q, k, v, a, b, A_log, dt_bias)[:, 0]
+        o_ref, S_ref = gdn_recurrent_ref(q, k, v, a, b, A_log, dt_bias, S_ref)
+        assert_within_baseline(f"step {step}", o, o_base, o_ref[:, 0], dtype)
+        assert torch.equal(h.state(), S_base), f"state differs from SGLang's kernel at step {step}"
+        flushed = h.pending() == 0
+        flushes += int(flushed.sum())
+        # A flush step replays the baseline's exact recurrence, output included.
+        assert torch.equal(o[flushed], o_base[flushed]), f"flush-step output not bit-exact at step {step}"
+        if L == 1:
+            assert bool(flushed.all())
+    assert flushes >= B * (steps // L), "the run must cross several flushes"
+    pool = h.checkpoint_pool()
+    assert not pool[0].any() and not pool[-1].any(), "spare slots were written"
+
+
+VERIFY_CASES = [
+    # B, H, HV, K, V, L, T_max, dtype, steps
+    pytest.param(3, 2, 4, 32, 16, 1, 1, bf16, 6, id="B3-L1-T1-bf16"),
+    pytest.param(3, 2, 4, 32, 16, 4, 3, bf16, 10, id="B3-L4-T3-bf16"),
+    pytest.param(3, 2, 4, 32, 16, 16, 4, bf16, 24, id="B3-L16-T4-bf16"),
+    pytest.param(3, 2, 4, 32, 16, 16, 4, fp32, 10, id="B3-L16-T4-fp32"),
+    pytest.param(2, 1, 3, 48, 40, 5, 3, bf16, 8, id="B2-HV3-K48-V40-L5-T3-bf16"),
+    pytest.param(2, 1, 2, 128, 128, 8, 4, bf16, 8, id="B2-K128-V128-L8-T4-bf16"),
+]
+
+
+def _advance_rows(S_base, S_ref, acc, q, k, v, a, b, A_log, dt_bias):
+    for r in range(q.shape[0]):
+        n = int(acc[r])
+        sl = [x[r:r + 1, :n] for x in (q, k, v, a, b)]
+        S_r = S_base[r:r + 1].clone()
+        _baseline(S_r, *sl, A_log, dt_bias)
+        S_base[r] = S_r[0]
+        _, S_new = gdn_recurrent_ref(*sl, A_log, dt_bias, S_ref[r:r + 1])
+        S_ref[r] = S_new[0]
+
+
+@pytest.mark.parametrize("B,H,HV,K,V,L,T_max,dtype,steps", VERIFY_CASES)
+def test_gdn_verify_commit(B, H, HV, K, V, L, T_max, dtype, steps, device, assert_within_baseline):
+    gen = torch.Generator().manual_seed(2000 + 7 * L + K + T_max)
+    A_log, dt_bias = _params(HV, device, gen)
+    h = GDNHarness(batch=B, num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V,
+                   A_log=A_log, dt_bias=dt_bias, ring_len=L, max_draft_tokens=T_max, device=device)
+    S0 = (torch.randn(B, HV, V, K, generator=gen) * 0.3).to(device)
+    h.set_state(S0)
+    S_base, S_ref = S0.clone(), S0.double()
+    folds = 0
+    for step in range(steps):
+        T = int(torch.randint(1, T_max + 1, (1,), generator=gen))
+        q, k, v, a, b = _inputs(B, T, H, HV, K, V, dtype, device, gen)
+        o = h.verify(q, k, v, a, b)
+        assert o.shape == (B, T, HV, V)
+        o_base = _baseline(S_base.clone(), q, k, v, a, b, A_log, dt_bias, update=False)
+        o_ref, _ = gdn_recurrent_ref(q, k, v, a, b, A_log, dt_bias, S_ref)
+        assert_within_baseline(f"step {step}", o, o_base, o_ref, dtype)
+        acc = torch.randint(1, T + 1, (B,), generator=gen)
+        before = h.pending() + acc.to(device).int()
+        h.commit(acc.to(device))
+        folds += int((h.pending() < before).sum())
+        _advance_rows(S_base, S_ref, acc, q, k, v, a, b, A_log, dt_bias)
+        assert torch.equal(h.state(), S_base), f"state differs from SGLang's kernel after commit {step}"
+        assert bool((h.pending() + T_max <= L).all()), "the next window must fit"
+    assert folds > 0, "the run must fold at least once"
+
+
+def test_gdn_partial_fold_rotates_origin(device):
+    """Fold only part of the committed entries (radix track boundary): origin rotates, the rest
+    stays pending, and the committed state is still exact."""
+    B, H, HV, K, V, L, T_max = 2, 1, 2, 32, 16, 8, 3
+    gen = torch.Generator().manual_seed(7)
+    A_log, dt_bias = _params(HV, device, gen)
+    h = GDNHarness(batch=B, num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V,
+                   A_log=A_log, dt_bias=dt_bias, ring_len=L, max_draft_tokens=T_max, device=device)
+    S0 = (torch.randn(B, HV, V, K, generator=gen) * 0.3).to(device)
+    h.set_state(S0)
+    S_base, S_ref = S0.clone(), S0.double()
+    for step in range(6):
+        q, k, v, a, b = _inputs(B, T_max, H, HV, K, V, bf16, device, gen)
+        h.verify(q, k, v, a, b)
+        acc = torch.tensor([T_max, 2])
+        # Same as h.commit, but ask for a fold of the first 2 committed entries.
+        h._pending_verify = None
+        upto = torch.full((B,), 2, dtype=torch.int32, device=device)
+        n, org = commit_prepare(h.slot_idx, h.wpos, h.origin, acc.to(device).int(), L, T_max, fold_upto=upto)
+        gdn_replay_fold(h._state, h._rings, h.slot_idx, n, org)
+        _advance_rows(S_base, S_ref, acc, q, k, v, a, b, A_log, dt_bias)
+        assert torch.equal(h.state(), S_base)
+    assert bool((h.origin[h.slot_idx.long()] != 0).any()), "origin never rotated"
+
+
+def test_gdn_ring_too_small_raises(device):
+    z = torch.zeros(2)
+    with pytest.raises(ValueError, match="ring_len"):
+        GDNHarness(batch=1, num_k_heads=1, num_v_heads=2, head_k_dim=16, head_v_dim=16, A_log=z,
+                   dt_bias=z, ring_len=2, max_draft_tokens=4, device=device)
+
+
+def _direct_setup(device, gen, dtype=bf16, B=3, H=1, HV=2, K=32, V=16, L=4, S=6, Lm=1):
+    A_log, dt_bias = _params(HV, device, gen)
+    state = (torch.randn(Lm, S, HV, V, K, generator=gen) * 0.3).to(device)
+    rings = alloc_gdn_rings(Lm, S, H, HV, K, V, L, dtype, device)
+    for t in rings.tensors():
+        t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype) * (0.1 if t.dtype == fp32 else 1.0))
+    rings.g.copy_(-rings.g.abs())
+    return A_log, dt_bias, state, rings
+
+
+def test_gdn_padding_rows_write_nothing(device):
+    gen = torch.Generator().manual_seed(3)
+    B, H, HV, K, V, L, S = 3, 1, 2, 32, 16, 8, 6
+    A_log, dt_bias, state, rings = _direct_setup(device, gen, B=B, H=H, HV=HV, K=K, V=V, L=L, S=S)
+    slot = torch.tensor([4, -1, 1], dtype=torch.int32, device=device)
+    wpos = torch.tensor([0, 2, 0, 0, 1, 0], dtype=torch.int32, device=device)
+    origin = torch.tensor([0, 3, 0, 0, 2, 0], dtype=torch.int32, device=device)
+    before = [t.clone() for t in [state, *rings.tensors()]]
+    q, k, v, a, b = _inputs(B, 1, H, HV, K, V, bf16, device, gen)
+    out = torch.full((B, HV, V), float("nan"), dtype=bf16, device=device)
+    row_wp, row_flush = decode_prepare(slot, wpos, L)
+    assert row_wp.tolist() == [1, 0, 2] and row_flush.tolist() == [0, 0, 0]
+    gdn_replay_decode(q[:, 0], k[:, 0], v[:, 0], a[:, 0], b[:, 0], A_log, dt_bias, state[0], rings.layer(0),
+                      slot, row_wp, row_flush, origin, out=out)
+    assert torch.isnan(out[1]).all() and not torch.isnan(out[0]).any() and not torch.isnan(out[2]).any()
+    # Only slots 4 and 1 may change (their ring entries); nothing else.
+    untouched = torch.ones(S, dtype=torch.bool, device=device)
+    untouched[[4, 1]] = False
+    for t0, t1 in zip(before, [state, *rings.tensors()]):
+        assert torch.equal(t0[:, untouched], t1[:, untouched])
+    assert torch.equal(before[0], state), "non-flush decode must not write the checkpoint"
+    # Verify and fold: the padding row stays untouched too.
+    before = [t.clone() for t in [state, *rings.tensors()]]
+    q, k, v, a, b = _inputs(B, 2, H, HV, K, V, bf16, device, gen)
+    out = torch.full((B, 2, HV, V), float("nan"), dtype=bf16, device=device)
+    gdn_replay_verify(q, k, v, a, b, A_log, dt_bias, state[0], rings.layer(0), slot, wpos, origin, out=out)
+    assert torch.isnan(out[1]).all() and not torch.isnan(out[[0, 2]]).any()
+    n, org = commit_prepare(slot, wpos, origin, torch.tensor([2, 2, 2], device=device), L, 2)
+    assert n[1].item() == 0
+    gdn_replay_fold(state, rings, slot, n, org)
+    for t0, t1 in zip(before, [state, *rings.tensors()]):
+        assert torch.equal(t0[:, untouched], t1[:, untouched])
+
+
+def test_gdn_fold_all_layers_equals_per_layer(device):
+    gen = torch.Generator().manual_seed(11)
+    Lm, L = 3, 4
+    A_log, dt_bias, state, rings = _direct_setup(device, gen, L=L, Lm=Lm)
+    slot = torch.tensor([5, 0, 2], dtype=torch.int32, device=device)
+    n = torch.tensor([4, 1, 3], dtype=torch.int32, device=device)
+    org = torch.tensor([1, 3, 0], dtype=torch.int32, device=device)
+    per_layer = state.clone()
+    for i in range(Lm):
+        gdn_replay_fold(per_layer[i], rings.layer(i), slot, n, org)
+    gdn_replay_fold(state, rings, slot, n, org)
+    assert torch.equal(state, per_layer)
+
+
+def test_gdn_perturbed_ring_is_caught(device, assert_within_baseline):
+    """Teeth: corrupting one pending raw entry breaks the state check; corrupting one u entry
+    breaks the output check. The checks above can fail."""
+    B, H, HV, K, V, L = 2, 1, 2, 32, 16, 8
+    gen = torch.Generator().manual_seed(5)
+    A_log, dt_bias = _params(HV, device, gen)
+    h = GDNHarness(batch=B, num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V,
+                   A_log=A_log, dt_bias=dt_bias, ring_len=L, max_draft_tokens=1, device=device)
+    S0 = (torch.randn(B, HV, V, K, generator=gen) * 0.3).to(device)
+    h.set_state(S0)
+    S_base, S_ref = S0.clone(), S0.double()
+    for _ in range(3):
+        q, k, v, a, b = _inputs(B, 1, H, HV, K, V, bf16, device, gen)
+        h.decode(q[:, 0], k[:, 0], v[:, 0], a[:, 0], b[:, 0])
+        _baseline(S_base, q, k, v, a, b, A_log, dt_bias)
+        _, S_ref = gdn_recurrent_ref(q, k, v, a, b, A_log, dt_bias, S_ref)
+    assert torch.equal(h.state(), S_base)
+    slot0 = int(h.slot_idx[0])
+    rawv = h._rings.rawv[0, slot0]
+    saved = rawv[0, 1].clone()
+    rawv[0, 1, 3] += 0.5
+    assert not torch.equal(h.state(), S_base)
+    rawv[0, 1].copy_(saved)
+    assert torch.equal(h.state(), S_base)
+    # Output path: corrupt u of one pending entry; the next output must leave the tolerance.
+    h._rings.d[0, slot0, 0, 0] += 4.0
+    q, k, v, a, b = _inputs(B, 1, H, HV, K, V, bf16, device, gen)
+    o = h.decode(q[:, 0], k[:, 0], v[:, 0], a[:, 0], b[:, 0])
+    o_base = _baseline(S_base, q, k, v, a, b, A_log, dt_bias)[:, 0]
+    o_ref, _ = gdn_recurrent_ref(q, k, v, a, b, A_log, dt_bias, S_ref)
+    with pytest.raises(AssertionError):
+        assert_within_baseline("perturbed", o, o_base, o_ref[:, 0], bf16)
+
+
+def test_pending_fold_plan_and_cursor_kernels(device):
+    slot = torch.tensor([2, -1, 0], dtype=torch.int32, device=device)
+    wpos = torch.tensor([3, 0, 1, 0], dtype=torch.int32, device=device)
+    origin = torch.tensor([1, 0, 2, 0], dtype=torch.int32, device=device)
+    n, org = pending_fold_plan(slot, wpos, origin)
+    assert n.tolist() == [1, 0, 3] and org.tolist() == [2, 0, 1]
+    # decode: slot 2 flushes (wp + 1 == L), slot 0 advances, forced flush honoured.
+    row_wp, row_flush = decode_prepare(slot, wpos, 2, force_flush=torch.tensor([0, 1, 1], device=device))
+    assert row_wp.tolist() == [1, 0, 3] and row_flush.tolist() == [1, 0, 1]
+    assert wpos.tolist() == [0, 0, 0, 0]
+    # commit: L=8, T_max=3: slot 2 holds 0+3 -> no fold; slot 0 holds 0+2 -> no fold.
+    acc = torch.tensor([3, 1, 2], dtype=torch.int32, device=device)
+    n, org = commit_prepare(slot, wpos, origin, acc, 8, 3)
+    assert n.tolist() == [0, 0, 0] and wpos.tolist() == [2, 0, 3, 0]
+    acc = torch.tensor([3, 1, 1], dtype=torch.int32, device=device)
+    n, org = commit_prepare(slot, wpos, origin, acc, 8, 3)  # slot 2: 6 + 3 > 8 -> fold all 6
+    assert n.tolist() == [6, 0, 0] and org.tolist() == [2, 0, 1]
+    assert wpos.tolist() == [3, 0, 0, 0] and origin.tolist() == [1, 0, 0, 0]

@@ -1,0 +1,135 @@
+"""Device helpers and launch configuration shared by the Mamba-2 ReplaySSM kernels.
+
+The helpers that touch the committed state reproduce the operation order of SGLang 0.5.17's
+`_selective_scan_update_kernel` (`dt_softplus=True`, tied head dim):
+
+    dt = softplus(float(dt_raw) + dt_bias)        (threshold 20: log(exp(dt) + 1) below, dt above)
+    dA = exp(A * dt);  dB = B * dt
+    S  = S * dA + dB * x[:, None]
+    y  = sum(S * C[None, :], axis=1);  y += x * D;  y *= z * sigmoid(z)
+
+The update is elementwise over the `[BM, BN]` tile, so any P-tile gives the same bits. The output
+reduction runs along N; it matches the baseline's bits as long as the N axis is laid out the same
+way (`BN = next_pow2(N)` whole in one program, 32 lanes along N for N >= 128, see `tile_config`).
+Do not "simplify" these expressions (log1p, reciprocal multiplies, tl.dot, reordering).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def mamba2_dt(b_dt_raw, b_dt_bias):
+    """Post-softplus step size from the raw dt (any dtype) and the fp32 bias; scalar or vector."""
+    b_dt = b_dt_raw.to(tl.float32)
+    b_dt += b_dt_bias
+    b_dt = tl.where(b_dt <= 20.0, tl.math.log(tl.math.exp(b_dt) + 1), b_dt)
+    return b_dt
+
+
+@triton.jit
+def mamba2_exact_step(b_s, b_x, b_B, b_dt, b_A):
+    """One recurrent step on a `[BM, BN]` fp32 tile; `b_x` `[BM]`, `b_B` `[BN]` fp32, `b_dt` the
+    post-softplus step (scalar), `b_A` scalar.
+
+    The baseline writes `state * dA + dB * x` and LLVM contracts it to `fma(state, dA, dB * x)`
+    (checked in its PTX for every (N, z) variant it compiles). Which product gets fused is an
+    LLVM operand-ranking accident that differs from kernel to kernel, so the fma is spelled out.
+    The interpreter evaluates `tl.fma` as `a * b + c`, which is again what the baseline computes there.
+    """
+    b_dA = tl.exp(b_A * b_dt)
+    b_dB = b_B * b_dt
+    return tl.fma(b_s, b_dA, b_dB * b_x[:, None])
+
+
+@triton.jit
+def mamba2_replay(b_s, p_x, p_B, p_dt, o_m, o_n, mask_m, mask_n, org, n, b_A, b_bias,
+                  P: tl.constexpr, N: tl.constexpr, RL: tl.constexpr, UNROLL: tl.constexpr):
+    """Replay ring entries `0..n-1` (physical `(org + j) % RL`) into the tile, exactly.
+
+    `p_x`, `p_B`, `p_dt` point at this head's (group's) ring row 0. Entries are taken `UNROLL` at a
+    time with masked loads, so the loads and softplus of a chunk do not wait on the state chain;
+    an entry past `n` leaves the tile untouched (select, not arithmetic).
+    """
+    for j0 in range(0, n, UNROLL):
+        for u in tl.static_range(UNROLL):
+            j = j0 + u
+            valid = j < n
+            phys = (org + j) % RL
+            b_x = tl.load(p_x + phys * P + o_m, mask=mask_m & valid, other=0).to(tl.float32)
+            b_B = tl.load(p_B + phys * N + o_n, mask=mask_n & valid, other=0).to(tl.float32)
+            b_dt = mamba2_dt(tl.load(p_dt + phys, mask=valid, other=0), b_bias)
+            b_s = tl.where(valid, mamba2_exact_step(b_s, b_x, b_B, b_dt, b_A), b_s)
+    return b_s
+
+
+@triton.jit
+def mamba2_exact_output(b_s, b_C, b_x, b_D, b_z, HAS_Z: tl.constexpr):
+    """The baseline's output readout from the (replayed) state tile."""
+    b_y = tl.sum(b_s * b_C[None, :], axis=1)
+    b_y += b_x * b_D
+    if HAS_Z:
+        b_y *= b_z * tl.sigmoid(b_z)
+    return b_y
+
+
+@triton.jit
+def mamba2_gate(b_y, b_z, HAS_Z: tl.constexpr):
+    if HAS_Z:
+        b_y *= b_z * tl.sigmoid(b_z)
+    return b_y
+
+
+# -- launch configuration ---------------------------------------------------------------------
+#
+# One table for every per-config choice, so that a GPU sweep can retune it in one place.
+# Keys: kernel -> list of (max BN, BM, num_warps, num_stages); the first row with BN <= max BN wins.
+#
+# Rules that `tile_config` enforces on top of the table:
+# * BN = next_pow2(N), the whole state row in one program, and at least 4 fp32 per thread
+#   (BM * BN >= 4 * 32 * num_warps). Triton then lays the tile out as the baseline lays out its own
+#   (4 consecutive N per thread, min(32, BN/4) lanes along N, the rest along P), so the flush
+#   readout `sum(S * C, axis=1)` reduces in the same order and the decode flush output is
+#   bit-identical to the baseline's. (State updates are elementwise: any tile is exact.)
+# * BM is a power of two, at most next_pow2(P), halved (not below the rule above or 16) when that
+#   removes masked P rows (P = 80 -> BM 16).
+# * dot products stay on fp32 CUDA cores (no tl.dot / tf32).
+#
+# Values: first sweep on one H200 (triton 3.6, Nemotron-3-Super shape NH=128 P=64 N=128, B=256).
+_TILE_TABLE = {
+    #            max BN, BM, warps, stages
+    "decode": [(64, 32, 4, 2), (128, 32, 4, 2), (1 << 30, 16, 4, 2)],
+    "verify": [(64, 32, 4, 2), (128, 32, 4, 2), (1 << 30, 16, 4, 2)],
+    "fold": [(64, 32, 4, 2), (128, 32, 4, 2), (1 << 30, 16, 4, 2)],
+}
+# Ring entries replayed per chunk by the exact fold (decode flush and commit fold).
+REPLAY_UNROLL = 4
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    BM: int
+    BN: int
+    num_warps: int
+    num_stages: int
+
+    @property
+    def launch(self) -> dict:
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages}
+
+
+def tile_config(kernel: str, P: int, N: int) -> TileConfig:
+    """Tile of one program (`BM` rows of P, all `BN = next_pow2(N)` columns) and launch options."""
+    BN = triton.next_power_of_2(N)
+    for max_bn, BM, warps, stages in _TILE_TABLE[kernel]:
+        if BN <= max_bn:
+            break
+    min_bm = max(1, (4 * 32 * warps) // BN)
+    BM = max(min(BM, triton.next_power_of_2(P)), min_bm)
+    while BM // 2 >= max(min_bm, 16) and P % BM != 0 and P % (BM // 2) == 0:
+        BM //= 2
+    return TileConfig(BM=BM, BN=BN, num_warps=warps, num_stages=stages)

@@ -1,0 +1,233 @@
+"""Mamba-2 ReplaySSM decode: one token per row, output from checkpoint + ring.
+
+Index spaces: ring entry `j < wp` (pending, at physical `(origin + j) % L`), current token `w = wp`.
+With `a_i = A * softplus(dt_i + dt_bias)` the per-step log-decay and `S0` the checkpoint, the
+state after this token is
+
+    S = exp(sum_{i<=w} a_i) S0 + sum_{j<=w} s_j x_j B_j^T,   s_j = dt_j exp(sum_{j<i<=w} a_i)
+
+so the output needs only the inner products `S0 . C` (one pass over the checkpoint tile) and
+`B_j . C` (the B ring is per group):
+
+    y = exp(sum_{i<=w} a_i) (S0 . C) + sum_{j<=w} s_j (B_j . C) x_j + D x,   y *= z sigmoid(z)
+
+A non-flush row never writes the state; it appends the raw (x, B, dt) at logical position `wp`
+(x by every program for its P-block, dt by P-block 0, B by the first head of the group in P-block 0).
+A flush row replays the pending raw entries and then the token with the baseline's exact
+expressions (`common.py`), reads the output like the baseline, and stores the state.
+Grid: `(B * NH * cdiv(P, BM),)`, one `[BM, BN]` state tile per program.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import (
+    REPLAY_UNROLL,
+    mamba2_dt,
+    mamba2_exact_output,
+    mamba2_exact_step,
+    mamba2_gate,
+    mamba2_replay,
+    tile_config,
+)
+from .rings import Mamba2Rings, check_mamba2_rings
+
+
+@triton.jit
+def _mamba2_decode_kernel(
+    x, dt, Bm, C, z, A, D, dt_bias, o,
+    state, ring_x, ring_B, ring_dt,
+    slot_idx, row_wp, row_flush, origin,
+    stride_x_tok, stride_dt_tok, stride_B_tok, stride_C_tok, stride_z_tok, stride_o_tok,
+    stride_state_slot, stride_rx_slot, stride_rB_slot, stride_rdt_slot,
+    NH: tl.constexpr, P: tl.constexpr, G: tl.constexpr, N: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
+    HAS_Z: tl.constexpr, UNROLL: tl.constexpr,
+):
+    NP = (P + BM - 1) // BM
+    i_m, i_nh = tl.program_id(0) % NP, tl.program_id(0) // NP
+    i_n, i_h = i_nh // NH, i_nh % NH
+    i_g = i_h // (NH // G)
+
+    o_m = i_m * BM + tl.arange(0, BM)
+    o_n = tl.arange(0, BN)
+    mask_m = o_m < P
+    mask_n = o_n < N
+    mask_s = mask_m[:, None] & mask_n[None, :]
+
+    # The inputs do not depend on the slot: issue them before the slot lookup so their latency
+    # overlaps it (a padding row loads them for nothing, harmlessly).
+    i_n64 = i_n.to(tl.int64)
+    b_x_raw = tl.load(x + i_n64 * stride_x_tok + i_h * P + o_m, mask=mask_m, other=0)
+    b_B_raw = tl.load(Bm + i_n64 * stride_B_tok + i_g * N + o_n, mask=mask_n, other=0)
+    b_dt_raw = tl.load(dt + i_n64 * stride_dt_tok + i_h)
+    b_C = tl.load(C + i_n64 * stride_C_tok + i_g * N + o_n, mask=mask_n, other=0).to(tl.float32)
+    if HAS_Z:
+        b_z = tl.load(z + i_n64 * stride_z_tok + i_h * P + o_m, mask=mask_m, other=0).to(tl.float32)
+    else:
+        b_z = b_x_raw
+    b_A = tl.load(A + i_h).to(tl.float32)
+    b_D = tl.load(D + i_h).to(tl.float32)
+    b_bias = tl.load(dt_bias + i_h).to(tl.float32)
+    wp = tl.load(row_wp + i_n)
+    flush = tl.load(row_flush + i_n)
+
+    slot = tl.load(slot_idx + i_n).to(tl.int64)
+    if slot < 0:
+        return
+    org = tl.load(origin + slot)
+    p_s = state + slot * stride_state_slot + (i_h * P + o_m[:, None]) * N + o_n[None, :]
+    b_s = tl.load(p_s, mask=mask_s, other=0, eviction_policy="evict_first").to(tl.float32)
+
+    b_x = b_x_raw.to(tl.float32)
+    b_B = b_B_raw.to(tl.float32)
+    b_dt = mamba2_dt(b_dt_raw, b_bias)
+
+    p_rx = ring_x + slot * stride_rx_slot + i_h * RL * P
+    p_rB = ring_B + slot * stride_rB_slot + i_g * RL * N
+    p_rdt = ring_dt + slot * stride_rdt_slot + i_h * RL
+    p_o = o + i_n64 * stride_o_tok + i_h * P + o_m
+    if flush != 0:
+        # Exact replay of the pending raw entries, then of this token.
+        b_s = mamba2_replay(b_s, p_rx, p_rB, p_rdt, o_m, o_n, mask_m, mask_n, org, wp, b_A, b_bias,
+                            P, N, RL, UNROLL)
+        b_s = mamba2_exact_step(b_s, b_x, b_B, b_dt, b_A)
+        b_y = mamba2_exact_output(b_s, b_C, b_x, b_D, b_z, HAS_Z)
+        tl.store(p_o, b_y.to(p_o.dtype.element_ty), mask=mask_m)
+        tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=mask_s)
+    else:
+        o_j = tl.arange(0, RLB)
+        m_j = o_j < wp
+        phys_j = (org + o_j) % RL
+        b_rdt = tl.load(p_rdt + phys_j, mask=m_j, other=0)
+        b_rdt = tl.where(m_j, mamba2_dt(b_rdt, b_bias), 0.0)
+        b_ra = b_rdt * b_A
+        b_a = b_dt * b_A
+        # Decay from entry j to the token: sum_{j<i<wp} a_i + a_w (suffix sums, not differences
+        # of a total, so recent entries keep full relative precision).
+        b_suffix = tl.cumsum(b_ra, 0, reverse=True) - b_ra + b_a
+        b_w = tl.where(m_j, b_rdt * tl.exp(b_suffix), 0.0)
+        b_dec = tl.exp(tl.sum(b_ra, 0) + b_a)
+        b_rB = tl.load(
+            p_rB + phys_j[:, None] * N + o_n[None, :], mask=m_j[:, None] & mask_n[None, :], other=0,
+        ).to(tl.float32)
+        b_rx = tl.load(
+            p_rx + phys_j[:, None] * P + o_m[None, :], mask=m_j[:, None] & mask_m[None, :], other=0,
+        ).to(tl.float32)
+        b_bc = tl.sum(b_rB * b_C[None, :], 1)
+        b_sc = tl.sum(b_s * b_C[None, :], 1)
+        b_hist = tl.sum(b_rx * (b_w * b_bc)[:, None], 0)
+        b_y = b_dec * b_sc + b_hist + (b_dt * tl.sum(b_B * b_C, 0)) * b_x + b_x * b_D
+        b_y = mamba2_gate(b_y, b_z, HAS_Z)
+        tl.store(p_o, b_y.to(p_o.dtype.element_ty), mask=mask_m)
+        # Append this token at logical position wp.
+        phys = (org + wp) % RL
+        tl.store(p_rx + phys * P + o_m, b_x_raw, mask=mask_m)
+        if i_m == 0:
+            tl.store(p_rdt + phys, b_dt_raw)
+            if i_h % (NH // G) == 0:
+                tl.store(p_rB + phys * N + o_n, b_B_raw, mask=mask_n)
+
+
+def _tok_stride(t: torch.Tensor, shape: tuple, name: str) -> int:
+    """Token stride of a `[B, ...inner]` activation whose inner dims are contiguous."""
+    if tuple(t.shape) != shape:
+        raise ValueError(f"`{name}` must have shape {shape}, got {tuple(t.shape)}")
+    inner = 1
+    for d in range(t.dim() - 1, 0, -1):
+        if t.shape[d] > 1 and t.stride(d) != inner:
+            raise ValueError(f"`{name}` must have contiguous dims after the token dim")
+        inner *= t.shape[d]
+    return t.stride(0)
+
+
+def _check_params(A, D, dt_bias, NH):
+    for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
+        if tuple(t.shape) != (NH,) or t.stride(0) != 1 or t.dtype != torch.float32:
+            raise ValueError(f"`{name}` must be a contiguous fp32 [{NH}] tensor, got {t.dtype} {tuple(t.shape)}")
+
+
+def _check_state(state: torch.Tensor, NH: int, P: int, N: int) -> None:
+    if state.dtype != torch.float32 or state.dim() != 4 or tuple(state.shape[1:]) != (NH, P, N):
+        raise ValueError(f"state must be fp32 [S, {NH}, {P}, {N}], got {state.dtype} {tuple(state.shape)}")
+    if state.shape[0] > 0 and state[0].stride() != (P * N, N, 1):
+        raise ValueError("state must be contiguous after the slot dimension")
+
+
+def mamba2_replay_decode(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    A: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    rings: Mamba2Rings,
+    slot_idx: torch.Tensor,
+    row_wp: torch.Tensor,
+    row_flush: torch.Tensor,
+    origin: torch.Tensor,
+    z: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """One Mamba-2 decode step for every row (`dt_softplus=True`, head dim tied).
+
+    Args:
+        x (torch.Tensor): `[B, NH, P]` post-conv x (activation dtype).
+        dt (torch.Tensor): `[B, NH]` raw dt (before bias and softplus), activation dtype.
+        B, C (torch.Tensor): `[B, G, N]` post-conv B and C.
+        A, D, dt_bias (torch.Tensor): `[NH]` fp32.
+        state (torch.Tensor): `[S, NH, P, N]` fp32 checkpoints; written only by flush rows.
+        rings (Mamba2Rings): one layer's rings (`[S, ...]`), activation dtype; appended to by
+            non-flush rows.
+        slot_idx (torch.Tensor): `[B]` slot per row, `< 0` = padding (writes nothing, output included).
+        row_wp, row_flush (torch.Tensor): `[B]` int32 from `decode_prepare`.
+        origin (torch.Tensor): `[S]` int32 ring origins.
+        z (torch.Tensor, optional): `[B, NH, P]` gate; `y *= z * sigmoid(z)`.
+        out (torch.Tensor, optional): `[B, NH, P]` output buffer (inner dims contiguous).
+
+    Returns:
+        `[B, NH, P]` outputs in the dtype of `x`.
+    """
+    Bsz, NH, P = x.shape
+    G, N = B.shape[1], B.shape[2]
+    if NH % G != 0:
+        raise ValueError(f"num_heads={NH} must be a multiple of num_groups={G}")
+    _check_state(state, NH, P, N)
+    _check_params(A, D, dt_bias, NH)
+    check_mamba2_rings(rings, NH, P, G, N)
+    if not rings.per_layer:
+        raise ValueError("decode takes one layer's rings (`rings.layer(i)`)")
+    for name, t in (("x", x), ("dt", dt), ("B", B)):
+        if t.dtype != rings.dtype:
+            raise ValueError(f"`{name}` is {t.dtype}; the rings hold the activation dtype {rings.dtype}")
+    strides = (
+        _tok_stride(x, (Bsz, NH, P), "x"), _tok_stride(dt, (Bsz, NH), "dt"),
+        _tok_stride(B, (Bsz, G, N), "B"), _tok_stride(C, (Bsz, G, N), "C"),
+        _tok_stride(z, (Bsz, NH, P), "z") if z is not None else 0,
+    )
+    if out is None:
+        out = torch.empty((Bsz, NH, P), dtype=x.dtype, device=x.device)
+    stride_o = _tok_stride(out, (Bsz, NH, P), "out")
+    if Bsz == 0:
+        return out
+    cfg = tile_config("decode", P, N)
+    RL = rings.ring_len
+    grid = (Bsz * NH * triton.cdiv(P, cfg.BM),)
+    _mamba2_decode_kernel[grid](
+        x, dt, B, C, z if z is not None else x, A, D, dt_bias, out,
+        state, rings.x, rings.B, rings.dt,
+        slot_idx, row_wp, row_flush, origin,
+        *strides, stride_o,
+        state.stride(0), rings.x.stride(0), rings.B.stride(0), rings.dt.stride(0),
+        NH=NH, P=P, G=G, N=N, BM=cfg.BM, BN=cfg.BN, RL=RL, RLB=triton.next_power_of_2(RL),
+        HAS_Z=z is not None, UNROLL=REPLAY_UNROLL,
+        **cfg.launch,
+    )
+    return out

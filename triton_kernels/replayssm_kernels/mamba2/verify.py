@@ -1,0 +1,227 @@
+"""Mamba-2 ReplaySSM speculative verify: outputs for `T` drafts from one frozen checkpoint.
+
+Index spaces: history entry `j < wp` (committed, in the ring at `(origin + j) % L`), window
+position `s < T` (this verify's drafts, written at `(origin + wp + s) % L`).
+
+With `a = A * softplus(dt + dt_bias)` per entry, `Hs = sum_j a_j` over the history and `c_s` the
+inclusive cumsum of the window's `a`, the state after draft `s` is a linear chain from the
+checkpoint, so every draft's output is a set of inner products (a causal masked product):
+
+    y_s = exp(Hs + c_s) (S0 . C_s)
+        + sum_{j<wp}  dt_j exp(sum_{j<i<wp} a_i + c_s) (B_j . C_s) x_j
+        + sum_{t<=s}  dt_t exp(c_s - c_t)              (B_t . C_s) x_t
+        + D x_s,      y_s *= z_s sigmoid(z_s)
+
+All dot products are fp32 on CUDA cores. The window's raw (x, B, dt) are written into the ring
+(x per P-block, dt by P-block 0, B by the first head of each group in P-block 0); the checkpoint
+is read only; there is no per-draft state. Rejected drafts are overwritten later.
+Grid: `(B * NH * cdiv(P, BM),)`.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import mamba2_dt, mamba2_gate, tile_config
+from .decode import _check_params, _check_state
+from .rings import Mamba2Rings, check_mamba2_rings
+
+
+@triton.jit(do_not_specialize=["T"])
+def _mamba2_verify_kernel(
+    x, dt, Bm, C, z, A, D, dt_bias, o,
+    state, ring_x, ring_B, ring_dt,
+    slot_idx, wpos, origin,
+    T,
+    stride_x_row, stride_x_tok, stride_dt_row, stride_dt_tok, stride_B_row, stride_B_tok,
+    stride_C_row, stride_C_tok, stride_z_row, stride_z_tok, stride_o_row, stride_o_tok,
+    stride_state_slot, stride_rx_slot, stride_rB_slot, stride_rdt_slot,
+    NH: tl.constexpr, P: tl.constexpr, G: tl.constexpr, N: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
+    HAS_Z: tl.constexpr,
+):
+    NP = (P + BM - 1) // BM
+    i_m, i_nh = tl.program_id(0) % NP, tl.program_id(0) // NP
+    i_n, i_h = i_nh // NH, i_nh % NH
+    i_g = i_h // (NH // G)
+    first_of_group = (i_m == 0) & (i_h % (NH // G) == 0)
+
+    o_m = i_m * BM + tl.arange(0, BM)
+    o_n = tl.arange(0, BN)
+    o_t = tl.arange(0, BT)
+    mask_m = o_m < P
+    mask_n = o_n < N
+    m_t = o_t < T
+
+    # Window inputs first: they do not depend on the slot, so their latency overlaps the lookup.
+    i_n64 = i_n.to(tl.int64)
+    b_A = tl.load(A + i_h).to(tl.float32)
+    b_D = tl.load(D + i_h).to(tl.float32)
+    b_bias = tl.load(dt_bias + i_h).to(tl.float32)
+    p_x = x + i_n64 * stride_x_row + i_h * P
+    p_dt = dt + i_n64 * stride_dt_row + i_h
+    p_B = Bm + i_n64 * stride_B_row + i_g * N
+    p_C = C + i_n64 * stride_C_row + i_g * N
+    p_z = z + i_n64 * stride_z_row + i_h * P
+    p_o = o + i_n64 * stride_o_row + i_h * P
+    b_wdt = tl.load(p_dt + o_t * stride_dt_tok, mask=m_t, other=0)
+    b_wB = tl.load(
+        p_B + o_t[:, None] * stride_B_tok + o_n[None, :], mask=m_t[:, None] & mask_n[None, :], other=0,
+    ).to(tl.float32)
+    b_wx = tl.load(
+        p_x + o_t[:, None] * stride_x_tok + o_m[None, :], mask=m_t[:, None] & mask_m[None, :], other=0,
+    ).to(tl.float32)
+
+    slot = tl.load(slot_idx + i_n).to(tl.int64)
+    if slot < 0:
+        return
+    wp = tl.load(wpos + slot)
+    org = tl.load(origin + slot)
+
+    b_s = tl.load(
+        state + slot * stride_state_slot + (i_h * P + o_m[:, None]) * N + o_n[None, :],
+        mask=mask_m[:, None] & mask_n[None, :], other=0, eviction_policy="evict_first",
+    ).to(tl.float32)
+
+    # Committed history.
+    p_rx = ring_x + slot * stride_rx_slot + i_h * RL * P
+    p_rB = ring_B + slot * stride_rB_slot + i_g * RL * N
+    p_rdt = ring_dt + slot * stride_rdt_slot + i_h * RL
+    o_j = tl.arange(0, RLB)
+    m_j = o_j < wp
+    phys_j = (org + o_j) % RL
+    b_hdt = tl.load(p_rdt + phys_j, mask=m_j, other=0)
+    b_hdt = tl.where(m_j, mamba2_dt(b_hdt, b_bias), 0.0)
+    b_ha = b_hdt * b_A
+    b_hsuf = tl.cumsum(b_ha, 0, reverse=True) - b_ha
+    b_hsum = tl.sum(b_ha, 0)
+    b_hB = tl.load(
+        p_rB + phys_j[:, None] * N + o_n[None, :], mask=m_j[:, None] & mask_n[None, :], other=0,
+    ).to(tl.float32)
+    b_hx = tl.load(
+        p_rx + phys_j[:, None] * P + o_m[None, :], mask=m_j[:, None] & mask_m[None, :], other=0,
+    ).to(tl.float32)
+
+    b_wdt = tl.where(m_t, mamba2_dt(b_wdt, b_bias), 0.0)
+    b_wc = tl.cumsum(b_wdt * b_A, 0)
+
+    for s in tl.static_range(BT):
+        if s < T:
+            b_x_raw = tl.load(p_x + s * stride_x_tok + o_m, mask=mask_m, other=0)
+            b_x = b_x_raw.to(tl.float32)
+            b_C = tl.load(p_C + s * stride_C_tok + o_n, mask=mask_n, other=0).to(tl.float32)
+            b_cs = tl.sum(tl.where(o_t == s, b_wc, 0.0), 0)
+            b_sc = tl.sum(b_s * b_C[None, :], 1)
+            b_hw = tl.where(m_j, b_hdt * tl.exp(b_hsuf + b_cs), 0.0)
+            b_hbc = tl.sum(b_hB * b_C[None, :], 1)
+            b_ww = tl.where(o_t <= s, b_wdt * tl.exp(b_cs - b_wc), 0.0)
+            b_wbc = tl.sum(b_wB * b_C[None, :], 1)
+            b_y = (
+                tl.exp(b_hsum + b_cs) * b_sc
+                + tl.sum(b_hx * (b_hw * b_hbc)[:, None], 0)
+                + tl.sum(b_wx * (b_ww * b_wbc)[:, None], 0)
+                + b_x * b_D
+            )
+            if HAS_Z:
+                b_z = tl.load(p_z + s * stride_z_tok + o_m, mask=mask_m, other=0).to(tl.float32)
+                b_y = mamba2_gate(b_y, b_z, HAS_Z)
+            tl.store(p_o + s * stride_o_tok + o_m, b_y.to(p_o.dtype.element_ty), mask=mask_m)
+            # Window entry s goes to logical position wp + s.
+            phys = (org + wp + s) % RL
+            tl.store(p_rx + phys * P + o_m, b_x_raw, mask=mask_m)
+            if i_m == 0:
+                tl.store(p_rdt + phys, tl.load(p_dt + s * stride_dt_tok))
+            if first_of_group:
+                tl.store(p_rB + phys * N + o_n, tl.load(p_B + s * stride_B_tok + o_n, mask=mask_n, other=0),
+                         mask=mask_n)
+
+
+def _strides(t: torch.Tensor, shape: tuple, name: str) -> tuple[int, int]:
+    """(row, draft) strides of a `[B, T, ...inner]` activation whose inner dims are contiguous."""
+    if tuple(t.shape) != shape:
+        raise ValueError(f"`{name}` must have shape {shape}, got {tuple(t.shape)}")
+    inner = 1
+    for d in range(t.dim() - 1, 1, -1):
+        if t.shape[d] > 1 and t.stride(d) != inner:
+            raise ValueError(f"`{name}` must have contiguous dims after the draft dim")
+        inner *= t.shape[d]
+    return t.stride(0), t.stride(1)
+
+
+def mamba2_replay_verify(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    A: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    rings: Mamba2Rings,
+    slot_idx: torch.Tensor,
+    wpos: torch.Tensor,
+    origin: torch.Tensor,
+    z: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Outputs for every draft of every row; writes the window into the ring.
+
+    Args:
+        x (torch.Tensor): `[B, T, NH, P]` post-conv x (activation dtype).
+        dt (torch.Tensor): `[B, T, NH]` raw dt, activation dtype.
+        B, C (torch.Tensor): `[B, T, G, N]`.
+        A, D, dt_bias (torch.Tensor): `[NH]` fp32.
+        state (torch.Tensor): `[S, NH, P, N]` fp32 checkpoints, read only.
+        rings (Mamba2Rings): one layer's rings; window entries are written at
+            `(origin + wpos + s) % L`. The caller guarantees `wpos + T <= L` (commit's early flush).
+        slot_idx (torch.Tensor): `[B]` slots, `< 0` = padding (writes nothing).
+        wpos, origin (torch.Tensor): `[S]` int32 cursors (not modified).
+        z (torch.Tensor, optional): `[B, T, NH, P]` gate.
+        out (torch.Tensor, optional): `[B, T, NH, P]` output buffer (inner dims contiguous).
+
+    Returns:
+        `[B, T, NH, P]` outputs in the dtype of `x`.
+    """
+    Bsz, T, NH, P = x.shape
+    G, N = B.shape[2], B.shape[3]
+    if NH % G != 0:
+        raise ValueError(f"num_heads={NH} must be a multiple of num_groups={G}")
+    _check_state(state, NH, P, N)
+    _check_params(A, D, dt_bias, NH)
+    check_mamba2_rings(rings, NH, P, G, N)
+    if not rings.per_layer:
+        raise ValueError("verify takes one layer's rings (`rings.layer(i)`)")
+    for name, t in (("x", x), ("dt", dt), ("B", B)):
+        if t.dtype != rings.dtype:
+            raise ValueError(f"`{name}` is {t.dtype}; the rings hold the activation dtype {rings.dtype}")
+    if T > rings.ring_len:
+        raise ValueError(f"{T} drafts do not fit a ring of {rings.ring_len} entries")
+    strides = (
+        *_strides(x, (Bsz, T, NH, P), "x"), *_strides(dt, (Bsz, T, NH), "dt"),
+        *_strides(B, (Bsz, T, G, N), "B"), *_strides(C, (Bsz, T, G, N), "C"),
+        *(_strides(z, (Bsz, T, NH, P), "z") if z is not None else (0, 0)),
+    )
+    if out is None:
+        out = torch.empty((Bsz, T, NH, P), dtype=x.dtype, device=x.device)
+    strides_o = _strides(out, (Bsz, T, NH, P), "out")
+    if Bsz == 0 or T == 0:
+        return out
+    cfg = tile_config("verify", P, N)
+    RL = rings.ring_len
+    grid = (Bsz * NH * triton.cdiv(P, cfg.BM),)
+    _mamba2_verify_kernel[grid](
+        x, dt, B, C, z if z is not None else x, A, D, dt_bias, out,
+        state, rings.x, rings.B, rings.dt,
+        slot_idx, wpos, origin,
+        T,
+        *strides, *strides_o,
+        state.stride(0), rings.x.stride(0), rings.B.stride(0), rings.dt.stride(0),
+        NH=NH, P=P, G=G, N=N, BM=cfg.BM, BN=cfg.BN, BT=triton.next_power_of_2(T),
+        RL=RL, RLB=triton.next_power_of_2(RL), HAS_Z=z is not None,
+        **cfg.launch,
+    )
+    return out
