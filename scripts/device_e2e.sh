@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # End-to-end parity on the lent H200: stock SGLang (--mamba-backend triton) vs ours
 # (--mamba-backend replayssm) for {qwen3_next, nemotron_h} x {no spec, NEXTN}, with
-# scripts/e2e_parity.py. Logs and result.json files go under $OUT/<case>/.
+# scripts/e2e_parity.py (one process per case; cases run concurrently on the one GPU).
 #
 # The wheels do not fit one carry (64 MiB), so this takes two device calls issued back to back
 # (a machine stays warm only ~30 s after a call; see /work/shared/devtools/README.md):
 #   call 1, carry [".whl"]:            bash scripts/device_e2e.sh install
 #   call 2, carry [".whl2", ".tiny"]:  bash scripts/device_e2e.sh run [CASE ...]
 # CASE: qwen3_next | qwen3_next:nextn | nemotron_h | nemotron_h:nextn (default: all four).
+# Results: $OUT/summary.txt, $OUT/results.json (all cases' result.json) and $OUT/e2e_logs.tar.gz
+# (server and driver logs, token outputs); the run tool returns at most 8 files from $OUT.
 # `run` installs whatever wheel folders it finds that are not installed yet, so with a bigger
 # carry one call can do both. Without .tiny/<preset>/ the checkpoint is built on the device
 # (scripts/make_tiny_model.py, ~15 s each).
 #
 # Env knobs:
 #   OUT              output folder (the run tool sets it; default /tmp/e2e_out)
+#   E2E_WORK         working folder for per-case logs (default /tmp/e2e_work)
 #   E2E_ONLY         both | stock | ours                         (default both)
 #   E2E_PARALLEL     cases run at once (1..4)                    (default 4)
 #   E2E_DEADLINE_S   wall budget for the whole command, seconds  (default 570)
@@ -30,10 +33,11 @@ T0=$(date +%s)
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SITE=${SITE:-/tmp/site}
 OUT=${OUT:-/tmp/e2e_out}
+WORK=${E2E_WORK:-/tmp/e2e_work}
 PY=${PYTHON:-python3}
 MODE=${1:-run}
 shift || true
-mkdir -p "$OUT"
+mkdir -p "$OUT" "$WORK"
 
 log() { echo "[device_e2e +$(( $(date +%s) - T0 ))s] $*"; }
 die() { echo "[device_e2e] ERROR: $*" >&2; exit 2; }
@@ -113,8 +117,8 @@ build_or_find_model() {  # build_or_find_model PRESET -> prints the checkpoint d
     nemotron_h) flags=${TINY_NEMOTRON_FLAGS:---mixer-out-scale 10 --accept-rate-knob 0.3} ;;
   esac
   # shellcheck disable=SC2086
-  "$PY" "$REPO/scripts/make_tiny_model.py" --preset "$preset" --out "$dst" $flags >"$OUT/build_$preset.log" 2>&1 \
-    || { echo "build of $preset failed, see $OUT/build_$preset.log" >&2; return 1; }
+  "$PY" "$REPO/scripts/make_tiny_model.py" --preset "$preset" --out "$dst" $flags >"$WORK/build_$preset.log" 2>&1 \
+    || { echo "build of $preset failed, see $WORK/build_$preset.log" >&2; return 1; }
   echo "$dst"
 }
 
@@ -159,35 +163,52 @@ do_run() {
     # Startup covers import, weights, CUDA-graph capture and the warmup request (which waits
     # for flashinfer's JIT on Nemotron-H the first time).
     local startup=$(( left / 2 - 15 )); [ "$startup" -gt 330 ] && startup=330
-    mkdir -p "$OUT/$name"
+    rm -rf "${WORK:?}/$name"; mkdir -p "$WORK/$name"
     log "start $name (stock+ours, ${left}s left, startup timeout ${startup}s)"
-    timeout -s TERM -k 20 "$left" "$PY" "$REPO/scripts/e2e_parity.py" \
-      --model "${model[$preset]}" "${spec[@]}" --only "$only" --out "$OUT/$name" \
+    timeout -s TERM -k 15 "$left" "$PY" "$REPO/scripts/e2e_parity.py" --time-budget $(( left - 15 )) \
+      --model "${model[$preset]}" "${spec[@]}" --only "$only" --out "$WORK/$name" \
       --port $(( 30000 + 1000 * i )) --num-prompts "$prompts" --max-new-tokens "$tokens" \
       $prefill_flag --cuda-graph-max-bs 48 --sampling-backend pytorch \
       --extra-args="$server_flags" --ours-extra-args="${E2E_OURS_FLAGS:-}" \
       --startup-timeout "$startup" --request-timeout 120 --python "$PY" \
-      >"$OUT/$name/driver.log" 2>&1 &
+      >"$WORK/$name/driver.log" 2>&1 &
     pids+=($!); names+=("$name"); i=$((i + 1)); running=$((running + 1))
   done
 
-  local rc=0 k status
+  local rc=0 k status summary="$WORK/summary.txt"
+  : >"$summary"
   for k in "${!pids[@]}"; do
     wait "${pids[$k]}"; status=$?
     [ "$status" -ne 0 ] && rc=1
-    echo "${names[$k]} exit=$status" >>"$OUT/summary.txt"
+    echo "${names[$k]} exit=$status ($( [ "$status" = 0 ] && echo PASS || echo FAIL))" >>"$summary"
   done
   log "all cases finished"
   for k in "${!names[@]}"; do
     echo
     echo "=================== ${names[$k]} ==================="
     # The driver prints its table last; show it (and any log tail it printed before).
-    sed -n '/^--- \|^e2e parity/,$p' "$OUT/${names[$k]}/driver.log" | tail -n 60
+    sed -n '/^--- \|^e2e parity/,$p' "$WORK/${names[$k]}/driver.log" | tail -n 60
   done
   echo
-  cat "$OUT/summary.txt"
+  cat "$summary"
+  collect "${names[@]}"
   log "done (rc=$rc)"
   return $rc
+}
+
+collect() {  # collect CASE...: few files into $OUT (the run tool returns at most 8)
+  cp "$WORK/summary.txt" "$OUT/summary.txt"
+  "$PY" - "$WORK" "$OUT/results.json" "$@" <<'EOF'
+import json, pathlib, sys
+work, dst, names = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+res = {}
+for n in names:
+    p = work / n / "result.json"
+    res[n] = json.loads(p.read_text()) if p.exists() else {"ok": False, "error": "no result.json"}
+pathlib.Path(dst).write_text(json.dumps(res, indent=1))
+EOF
+  tar czf "$OUT/e2e_logs.tar.gz" -C "$WORK" . 2>/dev/null
+  log "wrote $OUT/summary.txt, results.json, e2e_logs.tar.gz ($(du -k "$OUT/e2e_logs.tar.gz" | cut -f1) KiB)"
 }
 
 case $MODE in

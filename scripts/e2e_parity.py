@@ -44,6 +44,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 READY_MARKER = "The server is fired up and ready to roll!"
+# SGLang loads every `sglang.srt.plugins` entry point unless SGLANG_PLUGINS whitelists names; a
+# name that matches nothing keeps the stock server free of our plugin (a pristine baseline).
+NO_PLUGINS = "__no_plugins__"
 SPEC_ARGS = [
     "--speculative-algorithm", "NEXTN",
     "--speculative-num-steps", "3",
@@ -121,6 +124,13 @@ def build_server_cmd(
         cmd += ["--max-running-requests", str(max_running_requests)]
     cmd += list(extra_args or [])
     return cmd
+
+
+def server_env(base: dict, side: str, stock_with_plugins: bool = False) -> dict:
+    env = dict(base)
+    if side == "stock" and not stock_with_plugins:
+        env["SGLANG_PLUGINS"] = NO_PLUGINS
+    return env
 
 
 def generate_payload(prompts: list[list[int]], max_new_tokens: int) -> dict:
@@ -421,8 +431,10 @@ def _cleanup(*_):
 
 
 def run_server(run: ServerRun, payload: dict, host: str, startup_timeout: float, request_timeout: float,
-               env: dict) -> ServerRun:
-    """Start, wait until ready, send the batch, shut down. Fills ``run`` in place."""
+               env: dict, end_time: float | None = None) -> ServerRun:
+    """Start, wait until ready, send the batch, shut down. Fills ``run`` in place.
+
+    ``end_time`` (time.time() scale) caps both waits, leaving ~20 s to stop the server."""
     Path(run.log_path).parent.mkdir(parents=True, exist_ok=True)
     print(f"[{run.name}] {shlex.join(run.cmd)}", flush=True)
     t0 = time.time()
@@ -441,6 +453,9 @@ def run_server(run: ServerRun, payload: dict, host: str, startup_timeout: float,
             if time.time() - t0 > startup_timeout:
                 run.error = f"not ready after {startup_timeout:.0f} s"
                 return run
+            if end_time is not None and time.time() > end_time - 20:
+                run.error = f"not ready after {time.time() - t0:.0f} s (time budget used up)"
+                return run
             if READY_MARKER in _read(run.log_path):
                 try:
                     status, _ = _http_json(base + "/health", timeout=5)
@@ -453,8 +468,9 @@ def run_server(run: ServerRun, payload: dict, host: str, startup_timeout: float,
         print(f"[{run.name}] ready after {run.startup_s:.0f} s; sending {len(payload['input_ids'])} prompts",
               flush=True)
         t1 = time.time()
+        timeout = request_timeout if end_time is None else max(5.0, min(request_timeout, end_time - 20 - t1))
         try:
-            _, resp = _http_json(base + "/generate", payload, timeout=request_timeout)
+            _, resp = _http_json(base + "/generate", payload, timeout=timeout)
         except urllib.error.HTTPError as e:
             run.error = f"/generate failed: HTTP {e.code}: {e.read()[:500]!r}"
             return run
@@ -517,16 +533,22 @@ def parse_args(argv=None):
     p.add_argument("--extra-args", default="", help="extra server flags for both servers (one string)")
     p.add_argument("--stock-extra-args", default="")
     p.add_argument("--ours-extra-args", default="")
+    p.add_argument("--stock-with-plugins", action="store_true",
+                   help="load SGLang plugins (ours included) in the stock server too (default: SGLANG_PLUGINS="
+                        f"{NO_PLUGINS} there)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="first port to try (0: any free port)")
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--request-timeout", type=float, default=300.0)
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="wall seconds for the whole script; waits are cut short so results are still written")
     p.add_argument("--python", default=sys.executable, help="interpreter that runs sglang.launch_server")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     a = parse_args(argv)
+    end_time = None if a.time_budget is None else time.time() + a.time_budget
     model = Path(a.model).resolve()
     cfg_path = model / "config.json"
     if not cfg_path.exists():
@@ -569,7 +591,8 @@ def main(argv=None) -> int:
                 extra_args=extra,
             )
             run = ServerRun(name=name, cmd=cmd, log_path=str(out / f"{name}.log"), port=port)
-            runs[name] = run_server(run, payload, a.host, a.startup_timeout, a.request_timeout, env)
+            side_env = server_env(env, name, a.stock_with_plugins)
+            runs[name] = run_server(run, payload, a.host, a.startup_timeout, a.request_timeout, side_env, end_time)
     finally:
         _cleanup()
 
@@ -580,6 +603,7 @@ def main(argv=None) -> int:
             served=run.served,
             error=run.error,
             cmd=run.cmd,
+            sglang_plugins_env=server_env(env, name, a.stock_with_plugins).get("SGLANG_PLUGINS"),
             log_path=run.log_path,
             startup_s=run.startup_s,
             generate_s=run.generate_s,

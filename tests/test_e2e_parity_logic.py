@@ -239,6 +239,7 @@ def log(msg):
     print(f"[fake] {msg}", flush=True)
 
 log(f"server_args=ServerArgs(model_path={opt('--model-path')!r}, mamba_backend={backend!r}, disable_cuda_graph=False)")
+log(f"SGLANG_PLUGINS={env.get('SGLANG_PLUGINS', '')!r}")
 if ours and env.get("FAKE_OURS_FAIL"):
     print("launch_server: error: argument --mamba-backend: invalid choice: 'replayssm'", flush=True)
     sys.exit(2)
@@ -317,7 +318,7 @@ def fake(tmp_path, monkeypatch):
     model.mkdir()
     (model / "config.json").write_text(json.dumps(
         {"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"], "vocab_size": 2048}))
-    for k in ("FAKE_OURS_FAIL", "FAKE_OURS_ISSM", "FAKE_NO_GRAPH", "FAKE_DIVERGE"):
+    for k in ("FAKE_OURS_FAIL", "FAKE_OURS_ISSM", "FAKE_NO_GRAPH", "FAKE_DIVERGE", "SGLANG_PLUGINS"):
         monkeypatch.delenv(k, raising=False)
     return dict(py=str(py), model=str(model), pidfile=pidfile, out=tmp_path / "out")
 
@@ -367,6 +368,9 @@ def test_script_pass_spec(fake, capsys):
     assert "--mamba-backend replayssm" in " ".join(res["sides"]["ours"]["cmd"])
     assert "--mamba-backend triton" in " ".join(res["sides"]["stock"]["cmd"])
     assert (fake["out"] / "stock.log").exists() and (fake["out"] / "ours_outputs.json").exists()
+    # The stock baseline runs without SGLang plugins (ours included); ours keeps them.
+    assert f"SGLANG_PLUGINS={e2e.NO_PLUGINS!r}" in (fake["out"] / "stock.log").read_text()
+    assert "SGLANG_PLUGINS=''" in (fake["out"] / "ours.log").read_text()
     printed = capsys.readouterr().out
     assert printed.rstrip().endswith("RESULT: PASS")
     _assert_all_stopped(fake["pidfile"])
@@ -422,6 +426,13 @@ def test_script_startup_timeout(fake, monkeypatch):
     assert rc == 1 and time.time() - t0 < 25
     res = json.loads((fake["out"] / "result.json").read_text())
     assert "not ready" in res["sides"]["stock"]["error"]
+    # The overall time budget cuts the wait short too and still writes result.json.
+    t0 = time.time()
+    rc = e2e.main(["--model", fake["model"], "--python", fake["py"], "--out", str(fake["out"]),
+                   "--num-prompts", "2", "--max-new-tokens", "4", "--startup-timeout", "100", "--time-budget", "23"])
+    assert rc == 1 and time.time() - t0 < 25
+    res = json.loads((fake["out"] / "result.json").read_text())
+    assert "budget" in res["sides"]["stock"]["error"] and "budget" in res["sides"]["ours"]["error"]
     _assert_all_stopped(fake["pidfile"])
 
 
