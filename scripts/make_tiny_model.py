@@ -402,9 +402,8 @@ def _mixers(model, preset):
     out = []
     for i, layer in enumerate(layers):
         if preset == "qwen3_next":
-            if getattr(layer, "layer_type", None) == "linear_attention" or hasattr(layer, "linear_attn"):
-                if hasattr(layer, "linear_attn"):
-                    out.append((f"layers.{i}.linear_attn", layer.linear_attn))
+            if hasattr(layer, "linear_attn"):  # GDN layers only
+                out.append((f"layers.{i}.linear_attn", layer.linear_attn))
         else:
             if getattr(layer, "block_type", None) == "mamba":
                 out.append((f"layers.{i}.mixer", layer.mixer))
@@ -700,7 +699,9 @@ def build(
             raise ValueError("--accept-rate-knob must be in [0, 1]")
         perm = apply_construction(model, preset, logit, mixer_out_scale, gen)
         info.update(accept_rate_knob=accept_rate_knob, knob_mode=knob_mode, logit=logit, mixer_out_scale=mixer_out_scale)
-        if measure_outputs or knob_mode == "calibrated":
+        # The end points need no calibration (w = b); interior calibrated knobs do.
+        needs_calibration = knob_mode == "calibrated" and 0.0 < accept_rate_knob < 1.0
+        if measure_outputs or needs_calibration:
             # fp32 on CPU is much faster than bf16; the bf16 -> fp32 -> bf16 round trip is exact.
             stats, sample = measure(model.float(), preset, perm, len(tok), seed)
             model.to(torch.bfloat16)
@@ -711,7 +712,7 @@ def build(
                 w = accept_rate_knob
                 a0, a = estimated_acceptance(sample, 0.0), estimated_acceptance(sample, w)
             info.update(mtp_mix_w=w, est_first_draft_accept_w0=a0, est_first_draft_accept=a)
-        elif knob_mode == "raw":
+        else:
             w = accept_rate_knob
             info.update(mtp_mix_w=w)
         info["perm_head"] = perm[:16].tolist()
@@ -793,8 +794,9 @@ def parse_args(argv=None):
 def main(argv=None):
     a = parse_args(argv)
     flags = {f: getattr(a, f) for f in FLAG_FIELDS}
-    if a.no_measure and a.knob_mode == "calibrated" and not a.plain_random and not a.no_weights:
-        raise SystemExit("--no-measure needs --knob-mode raw (calibration measures the model)")
+    if (a.no_measure and a.knob_mode == "calibrated" and 0.0 < a.accept_rate_knob < 1.0
+            and not a.plain_random and not a.no_weights):
+        raise SystemExit("--no-measure with an interior knob needs --knob-mode raw (calibration measures the model)")
     info = build(
         a.preset,
         a.out,
