@@ -24,6 +24,7 @@
 #   E2E_TOKENS       new tokens per prompt                       (default 256)
 #   E2E_SERVER_FLAGS extra flags for every server (default: explicit small pools, see below)
 #   E2E_OURS_FLAGS   extra flags for our server only (e.g. "--replayssm-ring-len 16")
+#   E2E_DRIVER_FLAGS extra e2e_parity.py flags (e.g. "--issm-check allocated --max-logprob-diff 0.1")
 #   E2E_PREFILL_GRAPH=1  keep prefill CUDA graphs (default: --disable-prefill-cuda-graph; their
 #                        capture alone took ~100 s on the H200)
 #   TINY_QWEN_FLAGS / TINY_NEMOTRON_FLAGS  make_tiny_model.py flags for on-device builds
@@ -170,7 +171,7 @@ do_run() {
       --port $(( 30000 + 1000 * i )) --num-prompts "$prompts" --max-new-tokens "$tokens" \
       $prefill_flag --cuda-graph-max-bs 48 --sampling-backend pytorch \
       --extra-args="$server_flags" --ours-extra-args="${E2E_OURS_FLAGS:-}" \
-      --startup-timeout "$startup" --request-timeout 120 --python "$PY" \
+      --startup-timeout "$startup" --request-timeout 120 --python "$PY" ${E2E_DRIVER_FLAGS:-} \
       >"$WORK/$name/driver.log" 2>&1 &
     pids+=($!); names+=("$name"); i=$((i + 1)); running=$((running + 1))
   done

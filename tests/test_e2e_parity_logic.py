@@ -153,6 +153,16 @@ def test_intermediate_ssm_report_and_problems():
     r = e2e.intermediate_ssm_report(LOG_SPEC)
     assert r["mentions"] == 1 and r["sizes_gb"] == [0.12]
     assert e2e.intermediate_ssm_report(LOG_NOSPEC)["mentions"] == 0
+    assert r["allocated"] == 1
+    zero = LOG_SPEC.replace("0.12GB intermediate_conv", "0.00GB intermediate_conv")
+    z = e2e.intermediate_ssm_report(zero)
+    assert z["mentions"] == 1 and z["allocated"] == 0 and z["sizes_gb"] == [0.0]
+    assert e2e.intermediate_ssm_report(zero + "using intermediate_ssm buffer\n")["allocated"] == 1
+    good = dict(served=True, log=LOG_SPEC)
+    for mode, ok in (("strict", False), ("allocated", True)):
+        checks = e2e.evaluate(spec=True, sides={"stock": good, "ours": dict(served=True, log=zero)},
+                              comparison=None, min_pass_frac=0.95, issm_check=mode)
+        assert [c["ok"] for c in checks if c["name"] == "ours: no intermediate_ssm"] == [ok]
     log = "ok\nWARNING Parameter model.layers.9.foo not found in params_dict\nTraceback (most recent call last):\nfine\n"
     probs = e2e.problem_lines(log)
     assert len(probs) == 2 and "not found" in probs[0]
