@@ -125,7 +125,7 @@ def around_handle_max_mamba_cache(original, self, total_rest_memory, *args, **kw
     sizes = slot_bytes(self)
     logger.info(
         "ReplaySSM memory: %d mamba slots (+1 padding) x %.2f MiB (state %.2f + rings %.2f MiB); "
-        "no intermediate_ssm reserved; %.2f GiB left for the KV cache.",
+        "no per-draft state scratch reserved; %.2f GiB left for the KV cache.",
         slots, sizes["total"] / (1 << 20), sizes["state"] / (1 << 20), sizes["rings"] / (1 << 20), rest,
     )
     return rest

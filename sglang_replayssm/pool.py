@@ -355,7 +355,7 @@ class ReplaySSMMambaPool(MambaPool):
         spec = ""
         if isinstance(self.mamba_cache, MambaPool.SpeculativeState):
             spec = (
-                f"; speculative: intermediate_ssm not allocated, conv windows "
+                f"; speculative: no per-draft state snapshots (the rings replace them), conv windows "
                 f"{_nbytes(self._intermediate_conv_window_phys) / _GIB:.3f} GiB"
             )
         logger.info(
