@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..configs import gdn_decode_use_dot
 from .common import gdn_exact_step, gdn_gate, gdn_l2norm
 from .rings import GDNRings, check_gdn_rings
 
@@ -42,7 +43,7 @@ def _gdn_decode_kernel(
     stride_state_slot, stride_d_slot, stride_k_slot, stride_g_slot,
     stride_rawv_slot, stride_rawk_slot, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr, USE_DOT: tl.constexpr,
 ):
     NV = (V + BV - 1) // BV
     i_v, i_nh = tl.program_id(0) % NV, tl.program_id(0) // NV
@@ -62,8 +63,7 @@ def _gdn_decode_kernel(
     mask_v = o_v < V
     mask_h = mask_k[:, None] & mask_v[None, :]
 
-    p_h = state + slot * stride_state_slot + i_hv * K * V + o_v[None, :] * K + o_k[:, None]
-    b_h = tl.load(p_h, mask=mask_h, other=0).to(tl.float32)
+    p_hs = state + slot * stride_state_slot + i_hv * K * V
 
     p_q = q + i_n * stride_q_tok + i_h * K + o_k
     p_k = k + i_n * stride_k_tok + i_h * K + o_k
@@ -81,7 +81,9 @@ def _gdn_decode_kernel(
 
     p_o = o + (i_n * HV + i_hv) * V + o_v
     if flush != 0:
-        # Exact replay of the pending raw entries, then of this token.
+        # Exact replay of the pending raw entries, then of this token (baseline tile: K on axis 0).
+        p_h = p_hs + o_v[None, :] * K + o_k[:, None]
+        b_h = tl.load(p_h, mask=mask_h, other=0).to(tl.float32)
         p_rk = ring_rawk + slot * stride_rawk_slot + i_h * RL * K + o_k
         p_rv = ring_rawv + slot * stride_rawv_slot + i_hv * RL * V + o_v
         p_rg = ring_g + slot * stride_g_slot + i_hv * RL
@@ -103,9 +105,6 @@ def _gdn_decode_kernel(
         b_q = gdn_l2norm(b_q)
         b_k = gdn_l2norm(b_k)
         b_q = b_q * scale
-        # Checkpoint contributions S0 k and S0 q: [BV].
-        b_sk = tl.sum(b_h * b_k[:, None], 0)
-        b_sq = tl.sum(b_h * b_q[:, None], 0)
         # Pending history.
         o_j = tl.arange(0, RLB)
         m_j = o_j < wp
@@ -119,14 +118,25 @@ def _gdn_decode_kernel(
             ring_d + slot * stride_d_slot + (i_hv * RL + phys_j)[:, None] * V + o_v[None, :],
             mask=m_j[:, None] & mask_v[None, :], other=0,
         ).to(tl.float32)
-        b_gc = tl.cumsum(b_gr, 0)
         b_gtot = tl.sum(b_gr, 0)
-        b_w = tl.where(m_j, tl.exp(b_gtot - b_gc), 0.0)
-        b_kk = tl.sum(b_kr * b_k[None, :], 1) * b_w
-        b_kq = tl.sum(b_kr * b_q[None, :], 1) * b_w
+        b_w = tl.where(m_j, tl.exp(b_gtot - tl.cumsum(b_gr, 0)), 0.0)
         b_dec = tl.exp(b_gtot)
-        b_hk = b_dec * b_sk + tl.sum(b_ur * b_kk[:, None], 0)
-        b_hq = b_dec * b_sq + tl.sum(b_ur * b_kq[:, None], 0)
+        if USE_DOT:
+            # Probe matrix P = [k | q | 0 ...] and S_c P = dec S0 P + U^T (w * (K_ring P)).
+            o_c = tl.arange(0, 16)
+            b_p = tl.where(o_c[None, :] == 0, b_k[:, None], tl.where(o_c[None, :] == 1, b_q[:, None], 0.0))
+            b_h = tl.load(p_hs + o_v[:, None] * K + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :], other=0)
+            b_sp = tl.dot(b_h, b_p, input_precision="tf32x3")
+            b_kp = tl.dot(b_kr, b_p, input_precision="tf32x3") * b_w[:, None]
+            b_sp = b_dec * b_sp + tl.dot(tl.trans(b_ur), b_kp, input_precision="tf32x3")
+            b_hk = tl.sum(tl.where(o_c[None, :] == 0, b_sp, 0.0), 1)
+            b_hq = tl.sum(tl.where(o_c[None, :] == 1, b_sp, 0.0), 1)
+        else:
+            b_h = tl.load(p_hs + o_v[None, :] * K + o_k[:, None], mask=mask_h, other=0)
+            b_kk = tl.sum(b_kr * b_k[None, :], 1) * b_w
+            b_kq = tl.sum(b_kr * b_q[None, :], 1) * b_w
+            b_hk = b_dec * tl.sum(b_h * b_k[:, None], 0) + tl.sum(b_ur * b_kk[:, None], 0)
+            b_hq = b_dec * tl.sum(b_h * b_q[:, None], 0) + tl.sum(b_ur * b_kq[:, None], 0)
         b_alpha = tl.exp(b_g)
         b_u = b_beta * (b_v - b_alpha * b_hk)
         b_o = b_alpha * b_hq + b_u * tl.sum(b_k * b_q)
@@ -214,6 +224,10 @@ def gdn_replay_decode(
     BK = triton.next_power_of_2(K)
     BV = min(triton.next_power_of_2(V), _BV_MAX)
     RL = rings.ring_len
+    RLB = triton.next_power_of_2(RL)
+    use_dot = gdn_decode_use_dot() and BK >= 16 and BV >= 16
+    if use_dot:
+        RLB = max(RLB, 16)
     grid = (triton.cdiv(V, BV) * B * HV,)
     _gdn_decode_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, out,
@@ -225,7 +239,7 @@ def gdn_replay_decode(
         a.stride(0), b.stride(0),
         state.stride(0), rings.d.stride(0), rings.k.stride(0), rings.g.stride(0),
         rings.rawv.stride(0), rings.rawk.stride(0), rings.beta.stride(0),
-        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, RL=RL, RLB=triton.next_power_of_2(RL),
+        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, RL=RL, RLB=RLB, USE_DOT=use_dot,
         num_warps=_NUM_WARPS, num_stages=3,
     )
     return out

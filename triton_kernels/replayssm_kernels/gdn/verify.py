@@ -63,6 +63,7 @@ def _gdn_verify_kernel(
     stride_rawv_slot, stride_rawk_slot, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
+    USE_DOT: tl.constexpr,
 ):
     NV = (V + BV - 1) // BV
     i_v, i_nh = tl.program_id(0) % NV, tl.program_id(0) // NV
@@ -82,10 +83,13 @@ def _gdn_verify_kernel(
     mask_k = o_k < K
     mask_v = o_v < V
 
-    b_h = tl.load(
-        state + slot * stride_state_slot + i_hv * K * V + o_v[None, :] * K + o_k[:, None],
-        mask=mask_k[:, None] & mask_v[None, :], other=0,
-    ).to(tl.float32)
+    p_hs = state + slot * stride_state_slot + i_hv * K * V
+    if USE_DOT:
+        b_h = tl.load(p_hs + o_v[:, None] * K + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :], other=0)
+        o_c = tl.arange(0, 16)
+        b_p = tl.zeros([BK, 16], dtype=tl.float32)
+    else:
+        b_h = tl.load(p_hs + o_v[None, :] * K + o_k[:, None], mask=mask_k[:, None] & mask_v[None, :], other=0)
 
     # Committed history.
     o_j = tl.arange(0, RLB)
@@ -128,15 +132,19 @@ def _gdn_verify_kernel(
         b_g_s, b_beta_s = gdn_gate(b_a_s, b_b_s, b_A_log, b_dt_bias, softplus_beta, softplus_threshold)
         b_k_s = gdn_l2norm(b_k_raw.to(tl.float32))
         b_q_s = gdn_l2norm(b_q_s) * scale
-        b_hk_s = b_dec * tl.sum(b_h * b_k_s[:, None], 0) + tl.sum(
-            b_ur * (tl.sum(b_kr * b_k_s[None, :], 1) * b_w)[:, None], 0)
-        b_hq_s = b_dec * tl.sum(b_h * b_q_s[:, None], 0) + tl.sum(
-            b_ur * (tl.sum(b_kr * b_q_s[None, :], 1) * b_w)[:, None], 0)
+        if USE_DOT:
+            b_p = tl.where(o_c[None, :] == s, b_k_s[:, None], b_p)
+            b_p = tl.where(o_c[None, :] == BT + s, b_q_s[:, None], b_p)
+        else:
+            b_hk_s = b_dec * tl.sum(b_h * b_k_s[:, None], 0) + tl.sum(
+                b_ur * (tl.sum(b_kr * b_k_s[None, :], 1) * b_w)[:, None], 0)
+            b_hq_s = b_dec * tl.sum(b_h * b_q_s[:, None], 0) + tl.sum(
+                b_ur * (tl.sum(b_kr * b_q_s[None, :], 1) * b_w)[:, None], 0)
+            b_hk = _set_row(b_hk, o_t, s, b_hk_s)
+            b_hq = _set_row(b_hq, o_t, s, b_hq_s)
         b_kw = _set_row(b_kw, o_t, s, b_k_s)
         b_qw = _set_row(b_qw, o_t, s, b_q_s)
         b_vw = _set_row(b_vw, o_t, s, b_v_raw.to(tl.float32))
-        b_hk = _set_row(b_hk, o_t, s, b_hk_s)
-        b_hq = _set_row(b_hq, o_t, s, b_hq_s)
         b_gw = _set_elem(b_gw, o_t, s, tl.where(valid, b_g_s, 0.0))
         b_betaw = _set_elem(b_betaw, o_t, s, b_beta_s)
         if valid:
@@ -150,6 +158,15 @@ def _gdn_verify_kernel(
                              b_k_s.to(ring_k.dtype.element_ty), mask=mask_k)
                     tl.store(ring_rawk + slot * stride_rawk_slot + (i_h * RL + phys) * K + o_k,
                              b_k_raw, mask=mask_k)
+
+    if USE_DOT:
+        # Committed-state products for all probes at once: S_c P = dec S0 P + U^T (w * (K_ring P)).
+        b_sp = tl.dot(b_h, b_p, input_precision="tf32x3")
+        b_kp = tl.dot(b_kr, b_p, input_precision="tf32x3") * b_w[:, None]
+        b_sp = b_dec * b_sp + tl.dot(tl.trans(b_ur), b_kp, input_precision="tf32x3")
+        for s in tl.static_range(BT):
+            b_hk = _set_row(b_hk, o_t, s, tl.sum(tl.where(o_c[None, :] == s, b_sp, 0.0), 1))
+            b_hq = _set_row(b_hq, o_t, s, tl.sum(tl.where(o_c[None, :] == BT + s, b_sp, 0.0), 1))
 
     # Chunked delta rule inside the window: u = (I + A)^-1 R by forward substitution.
     b_gcw = tl.cumsum(b_gw, 0)
@@ -236,9 +253,15 @@ def gdn_replay_verify(
     if B == 0 or T == 0:
         return out
     BK = triton.next_power_of_2(K)
-    BV, num_warps, num_stages = gdn_verify_config(K, V, T)
+    BV, num_warps, num_stages, use_dot = gdn_verify_config(K, V, T)
     BV = min(triton.next_power_of_2(V), BV)
+    BT = triton.next_power_of_2(T)
     RL = rings.ring_len
+    RLB = triton.next_power_of_2(RL)
+    if use_dot:
+        # tl.dot needs every dimension >= 16; 2 * BT probes share one 16-column operand.
+        use_dot = BT <= 8 and K >= 16
+        BV, RLB = max(BV, 16), max(RLB, 16)
     grid = (triton.cdiv(V, BV) * B * HV,)
     _gdn_verify_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, out,
@@ -250,8 +273,7 @@ def gdn_replay_verify(
         a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         state.stride(0), rings.d.stride(0), rings.k.stride(0), rings.g.stride(0),
         rings.rawv.stride(0), rings.rawk.stride(0), rings.beta.stride(0),
-        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=triton.next_power_of_2(T),
-        RL=RL, RLB=triton.next_power_of_2(RL),
+        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT, RL=RL, RLB=RLB, USE_DOT=use_dot,
         num_warps=num_warps, num_stages=num_stages,
     )
     return out
