@@ -154,14 +154,39 @@ def test_gdn_partial_fold_rotates_origin(device):
         q, k, v, a, b = _inputs(B, T_max, H, HV, K, V, bf16, device, gen)
         h.verify(q, k, v, a, b)
         acc = torch.tensor([T_max, 2])
-        # Same as h.commit, but ask for a fold of the first 2 committed entries.
+        # Same as h.commit, but ask for a fold through the first 2 entries of this window.
         h._pending_verify = None
-        upto = torch.full((B,), 2, dtype=torch.int32, device=device)
-        n, org = commit_prepare(h.slot_idx, h.wpos, h.origin, acc.to(device).int(), L, T_max, fold_upto=upto)
+        fw = torch.full((B,), 2, dtype=torch.int32, device=device)
+        pending = h.pending()
+        n, org = commit_prepare(h.slot_idx, h.wpos, h.origin, acc.to(device).int(), L, T_max, fold_window=fw)
+        n_rows = n[:].cpu()
+        assert bool((n_rows >= (pending.cpu() + 2)).all())
         gdn_replay_fold(h._state, h._rings, h.slot_idx, n, org)
         _advance_rows(S_base, S_ref, acc, q, k, v, a, b, A_log, dt_bias)
         assert torch.equal(h.state(), S_base)
     assert bool((h.origin[h.slot_idx.long()] != 0).any()), "origin never rotated"
+
+
+def test_gdn_fold_snapshot_at_track_step(device):
+    """The fold can store the state after its j-th entry into another slot (radix track slot):
+    that snapshot equals folding only j entries."""
+    gen = torch.Generator().manual_seed(13)
+    Lm, L, S = 2, 8, 8
+    A_log, dt_bias, state, rings = _direct_setup(device, gen, L=L, Lm=Lm, S=S)
+    slot = torch.tensor([1, 4], dtype=torch.int32, device=device)
+    n = torch.tensor([6, 3], dtype=torch.int32, device=device)
+    org = torch.tensor([5, 0], dtype=torch.int32, device=device)
+    snap_at = torch.tensor([2, -1], dtype=torch.int32, device=device)
+    snap_slot = torch.tensor([6, 7], dtype=torch.int32, device=device)
+    ref_partial = state.clone()
+    gdn_replay_fold(ref_partial, rings, slot, torch.tensor([2, 0], dtype=torch.int32, device=device), org)
+    ref_full = state.clone()
+    gdn_replay_fold(ref_full, rings, slot, n, org)
+    before7 = state[:, 7].clone()
+    gdn_replay_fold(state, rings, slot, n, org, snap_at=snap_at, snap_slot=snap_slot)
+    assert torch.equal(state[:, 6], ref_partial[:, 1]), "snapshot must be the state after 2 entries"
+    assert torch.equal(state[:, 7], before7), "no snapshot requested for row 1"
+    assert torch.equal(state[:, [1, 4]], ref_full[:, [1, 4]])
 
 
 def test_gdn_ring_too_small_raises(device):
@@ -261,6 +286,15 @@ def test_gdn_perturbed_ring_is_caught(device, assert_within_baseline):
     o_ref, _ = gdn_recurrent_ref(q, k, v, a, b, A_log, dt_bias, S_ref)
     with pytest.raises(AssertionError):
         assert_within_baseline("perturbed", o, o_base, o_ref[:, 0], bf16)
+
+
+def test_reset_cursors_skips_padding(device):
+    from replayssm_kernels import reset_cursors
+
+    wpos = torch.tensor([3, 4, 5, 6], dtype=torch.int32, device=device)
+    origin = torch.tensor([1, 1, 1, 1], dtype=torch.int32, device=device)
+    reset_cursors(torch.tensor([2, -1, 0], dtype=torch.int32, device=device), wpos, origin)
+    assert wpos.tolist() == [0, 4, 0, 6] and origin.tolist() == [0, 1, 0, 1]
 
 
 def test_pending_fold_plan_and_cursor_kernels(device):

@@ -101,13 +101,13 @@ def _commit_prepare_kernel(
     wpos,
     origin,
     num_accepted,
-    fold_upto,
+    fold_window,
     row_nfold,
     row_origin,
     B,
     RL: tl.constexpr,
     T_MAX: tl.constexpr,
-    HAS_FOLD_UPTO: tl.constexpr,
+    HAS_FOLD_WINDOW: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     o_r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -120,10 +120,11 @@ def _commit_prepare_kernel(
     b_n = b_wp + b_acc
     # Early flush: fold everything committed when the next window might not fit.
     b_nfold = tl.where(b_n + T_MAX > RL, b_n, 0)
-    if HAS_FOLD_UPTO:
-        # Caller-requested fold of at least the first `fold_upto` committed entries.
-        b_up = tl.load(fold_upto + o_r, mask=m_valid, other=0).to(tl.int32)
-        b_nfold = tl.maximum(b_nfold, tl.minimum(b_up, b_n))
+    if HAS_FOLD_WINDOW:
+        # Caller-requested fold through the first `fold_window` entries of this window
+        # (e.g. the radix track boundary): at least wp + fold_window entries.
+        b_fw = tl.load(fold_window + o_r, mask=m_valid, other=0).to(tl.int32)
+        b_nfold = tl.where(b_fw > 0, tl.maximum(b_nfold, tl.minimum(b_wp + b_fw, b_n)), b_nfold)
     b_nfold = tl.where(m_valid, b_nfold, 0)
     tl.store(row_nfold + o_r, b_nfold, mask=m_r)
     tl.store(row_origin + o_r, b_org, mask=m_r)
@@ -138,7 +139,7 @@ def commit_prepare(
     num_accepted: torch.Tensor,
     ring_len: int,
     max_draft_tokens: int,
-    fold_upto: Optional[torch.Tensor] = None,
+    fold_window: Optional[torch.Tensor] = None,
     row_nfold: Optional[torch.Tensor] = None,
     row_origin: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,7 +152,8 @@ def commit_prepare(
         ring_len (int): `L`.
         max_draft_tokens (int): `T_max`; rows with `wpos + T_max > L` after the commit are folded
             completely (early flush), so the next window always fits.
-        fold_upto (torch.Tensor, optional): `[B]` int; fold at least this many committed entries.
+        fold_window (torch.Tensor, optional): `[B]` int; when > 0, fold at least through the first
+            `fold_window` entries of this verify window (`wpos + fold_window` entries in all).
         row_nfold, row_origin (torch.Tensor, optional): `[B]` int32 outputs.
 
     Returns:
@@ -176,13 +178,13 @@ def commit_prepare(
         wpos,
         origin,
         num_accepted,
-        fold_upto if fold_upto is not None else num_accepted,
+        fold_window if fold_window is not None else num_accepted,
         row_nfold,
         row_origin,
         B,
         RL=ring_len,
         T_MAX=max_draft_tokens,
-        HAS_FOLD_UPTO=fold_upto is not None,
+        HAS_FOLD_WINDOW=fold_window is not None,
         BLOCK=_BLOCK_ROWS,
     )
     return row_nfold, row_origin
@@ -201,3 +203,20 @@ def pending_fold_plan(
     n = torch.where(valid, wpos[safe], torch.zeros_like(wpos[safe]))
     org = torch.where(valid, origin[safe], torch.zeros_like(origin[safe]))
     return n.to(torch.int32).contiguous(), org.to(torch.int32).contiguous()
+
+
+@triton.jit
+def _reset_cursors_kernel(slot_idx, wpos, origin, B, BLOCK: tl.constexpr):
+    o_r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    b_slot = tl.load(slot_idx + o_r, mask=o_r < B, other=-1).to(tl.int64)
+    m = (o_r < B) & (b_slot >= 0)
+    tl.store(wpos + b_slot, tl.zeros([BLOCK], dtype=tl.int32), mask=m)
+    tl.store(origin + b_slot, tl.zeros([BLOCK], dtype=tl.int32), mask=m)
+
+
+def reset_cursors(slot_idx: torch.Tensor, wpos: torch.Tensor, origin: torch.Tensor) -> None:
+    """Empty the rings of the given slots (`< 0` entries are skipped); no host sync."""
+    B = slot_idx.shape[0]
+    if B == 0:
+        return
+    _reset_cursors_kernel[(triton.cdiv(B, _BLOCK_ROWS),)](slot_idx, wpos, origin, B, BLOCK=_BLOCK_ROWS)

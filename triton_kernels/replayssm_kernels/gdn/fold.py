@@ -24,12 +24,12 @@ from .rings import GDNRings, check_gdn_rings
 @triton.jit
 def _gdn_fold_kernel(
     state, dst, ring_rawv, ring_rawk, ring_g, ring_beta,
-    slot_idx, dst_idx, row_nfold, row_origin,
+    slot_idx, dst_idx, row_nfold, row_origin, snap_at, snap_slot,
     stride_state_layer, stride_state_slot, stride_dst_layer, stride_dst_slot,
     stride_rawv_layer, stride_rawv_slot, stride_rawk_layer, stride_rawk_slot,
     stride_g_layer, stride_g_slot, stride_beta_layer, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, RL: tl.constexpr, HAS_DST: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, RL: tl.constexpr, HAS_DST: tl.constexpr, HAS_SNAP: tl.constexpr,
 ):
     NV = (V + BV - 1) // BV
     i_v, i_nh, i_l = tl.program_id(0) % NV, tl.program_id(0) // NV, tl.program_id(1)
@@ -45,6 +45,9 @@ def _gdn_fold_kernel(
         if n_fold <= 0:
             return
     org = tl.load(row_origin + i_n)
+    if HAS_SNAP:
+        b_snap_at = tl.load(snap_at + i_n)
+        b_snap_slot = tl.load(snap_slot + i_n).to(tl.int64)
 
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -66,6 +69,11 @@ def _gdn_fold_kernel(
         b_g = tl.load(p_rg + phys)
         b_beta = tl.load(p_rb + phys)
         b_h, b_k = gdn_exact_step(b_h, b_k, b_v, b_g, b_beta)
+        if HAS_SNAP:
+            if (j + 1 == b_snap_at) & (b_snap_slot >= 0):
+                p_s = (state + i_l * stride_state_layer + b_snap_slot * stride_state_slot + i_hv * K * V
+                       + o_v[None, :] * K + o_k[:, None])
+                tl.store(p_s, b_h.to(p_s.dtype.element_ty), mask=mask_h)
 
     if HAS_DST:
         d_slot = tl.load(dst_idx + i_n).to(tl.int64)
@@ -81,6 +89,8 @@ def gdn_replay_fold(
     row_origin: torch.Tensor,
     dst: Optional[torch.Tensor] = None,
     dst_idx: Optional[torch.Tensor] = None,
+    snap_at: Optional[torch.Tensor] = None,
+    snap_slot: Optional[torch.Tensor] = None,
 ) -> None:
     """Fold the first `row_nfold[i]` pending entries of each row into its checkpoint.
 
@@ -93,6 +103,9 @@ def gdn_replay_fold(
             (or `pending_fold_plan`).
         dst, dst_idx (torch.Tensor, optional): write the folded state to `dst[:, dst_idx[i]]`
             instead (same layout as `state`); rows with nothing to fold are copied.
+        snap_at, snap_slot (torch.Tensor, optional): `[B]` int32; after folding `snap_at[i]`
+            entries (> 0), also store the state into slot `snap_slot[i]` (>= 0) of `state`
+            (radix-cache track slot). Not combined with `dst`.
     """
     if state.dim() == 4:
         state = state.unsqueeze(0)
@@ -106,6 +119,9 @@ def gdn_replay_fold(
     if rings.rawv.shape[0] != Lm:
         raise ValueError(f"rings hold {rings.rawv.shape[0]} layers, state holds {Lm}")
     has_dst = dst is not None
+    has_snap = snap_at is not None
+    if has_snap and (has_dst or snap_slot is None):
+        raise ValueError("snap_at needs snap_slot and cannot be combined with dst")
     if has_dst:
         if dst_idx is None or dst.shape[0] != Lm or dst.shape[2:] != state.shape[2:] or dst[0, 0].stride() != (V * K, K, 1):
             raise ValueError("dst must be [Lm, S', HV, V, K] with contiguous inner dims, and dst_idx given")
@@ -119,9 +135,10 @@ def gdn_replay_fold(
     _gdn_fold_kernel[grid](
         state, out, rings.rawv, rings.rawk, rings.g, rings.beta,
         slot_idx, dst_idx if has_dst else slot_idx, row_nfold, row_origin,
+        snap_at if has_snap else row_nfold, snap_slot if has_snap else slot_idx,
         state.stride(0), state.stride(1), out.stride(0), out.stride(1),
         rings.rawv.stride(0), rings.rawv.stride(1), rings.rawk.stride(0), rings.rawk.stride(1),
         rings.g.stride(0), rings.g.stride(1), rings.beta.stride(0), rings.beta.stride(1),
-        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, RL=rings.ring_len, HAS_DST=has_dst,
+        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, RL=rings.ring_len, HAS_DST=has_dst, HAS_SNAP=has_snap,
         num_warps=1, num_stages=3,
     )
