@@ -310,9 +310,10 @@ def test_ring_shorter_than_draft_window(models):
     assert "--replayssm-ring-len 3" in msg and "--speculative-num-draft-tokens 4" in msg
 
 
-def test_missing_backend_modules_refuse_to_start(models):
-    """Without sglang_replayssm.backends the server must not start on the stock path."""
-    sys.modules.pop("sglang_replayssm.backends", None)
+def test_missing_backend_modules_refuse_to_start(models, monkeypatch):
+    """Without sglang_replayssm.backends.* the server must not start on the stock path."""
+    for name in ("gdn", "mamba2", "commit"):  # a None entry makes `import` raise ImportError
+        monkeypatch.setitem(sys.modules, f"sglang_replayssm.backends.{name}", None)
     with pytest.raises(ValueError, match="required hooks are missing") as e:
         replayssm(models["qwen3_next"])
     assert "backend.gdn" in str(e.value) and "no fallback to the stock path" in str(e.value)
