@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-import weakref
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional
 
@@ -60,9 +59,6 @@ RING_FIELDS = {"gdn": GDN_RING_FIELDS, "mamba2": MAMBA2_RING_FIELDS}
 RING_FIELD_NAMES = frozenset(GDN_RING_FIELDS.values()) | frozenset(MAMBA2_RING_FIELDS.values())
 
 CURSOR_BYTES_PER_SLOT = 2 * 4  # replayssm_wpos + replayssm_origin, int32
-
-# Pools alive in this process (debug checks look up the pool that owns a state tensor).
-LIVE_POOLS: "weakref.WeakSet" = weakref.WeakSet()
 
 
 # ------------------------------------------------------------------------------ build context
@@ -303,7 +299,6 @@ class ReplaySSMMambaPool(MambaPool):
             usage += _nbytes(self._intermediate_conv_window_phys) - _nbytes(windows)
         self.mem_usage = usage / _GIB
         self._log_sizes(num_slots, num_layers)
-        LIVE_POOLS.add(self)
 
     # -- allocation helpers ----------------------------------------------------------------------
     def _alloc_region(self):

@@ -6,61 +6,77 @@ Why it exists: `Scheduler.init_mamba_backend` (scheduler.py L853) resolves
 the name must be registered even for GDN models (which never call it).
 
 When it is called: only from `MambaMixer2.forward` (mamba.py L704 / L739), i.e. Mamba-2 layers,
-for the decode rows of a batch (pure decode, or the decode part of a mixed prefill+decode batch)
-and for target-verify rows. Prefill/extend rows use `mamba_chunk_scan_combined`, never the SSU.
-Under ReplaySSM the Mamba-2 backend (`sglang_replayssm.backends.mamba2`) owns pure decode and
-target verify with the ring kernels, so this entry is reached only for rows the backend hands to
-the stock mixer. For those it runs SGLang's Triton SSU, which updates `temporal` in place; that
-is correct exactly when the rows' rings are empty (checkpoint materialised), which the backend
-must guarantee (flush before delegating). `SGLANG_REPLAYSSM_DEBUG=1` checks it (host sync).
+once per layer for the decode rows of a batch (a pure decode batch, or the decode part of a mixed
+prefill+decode batch) and once per layer for target-verify rows. Prefill/extend rows use
+`mamba_chunk_scan_combined` and never reach it. GDN models never call it.
 
-Target verify through this entry is refused: it needs `intermediate_ssm`, which the ReplaySSM
-pool does not allocate.
+What it does: it forwards every call to
+`sglang_replayssm.backends.mamba2:replayssm_selective_state_update`, which runs the ReplaySSM ring
+kernels with the context the ReplaySSM Mamba-2 backend sets around `mixer.forward`, and refuses
+calls outside that context. There is no delegation to SGLang's Triton SSU: a call the ReplaySSM
+backend does not own is an error, never a silent fallback. The backend module is imported at the
+first call, so a GDN-only deployment does not need it at scheduler start-up (for Mamba-2 models
+the `backend.mamba2` runtime hook already requires it).
 """
 
 from __future__ import annotations
 
-import os
+from typing import Callable, Optional
 
 import torch
 
-from sglang.kernels.ops.mamba.triton_ops.ssu_dispatch import TritonSSUBackend
+from sglang.kernels.ops.mamba.triton_ops.ssu_dispatch import MambaSSUBackend
 
-_DEBUG_ENV = "SGLANG_REPLAYSSM_DEBUG"
+IMPL = "sglang_replayssm.backends.mamba2:replayssm_selective_state_update"
 
 
-class ReplaySSMSSUBackend(TritonSSUBackend):
-    """SGLang's Triton SSU for the stock paths, with the ReplaySSM preconditions enforced."""
+class ReplaySSMSSUBackend(MambaSSUBackend):
+    """Forwards SGLang's selective_state_update calls to the ReplaySSM Mamba-2 backend."""
+
+    def __init__(self, *, enable_stochastic_rounding: bool = False, cache_philox_rounds: int = 0) -> None:
+        if enable_stochastic_rounding:
+            raise ValueError(
+                "--mamba-backend replayssm keeps a float32 SSM state; "
+                "--enable-mamba-cache-stochastic-rounding does not apply. Drop it."
+            )
+        self._impl: Optional[Callable] = None
 
     @property
     def name(self) -> str:
-        return "replayssm (stock rows: triton)"
+        return "replayssm"
 
-    def __call__(self, state: torch.Tensor, *args, **kwargs) -> None:
-        if kwargs.get("disable_state_update", False):
-            raise RuntimeError(
-                "--mamba-backend replayssm: a Mamba-2 target-verify batch reached the stock "
-                "selective_state_update; ReplaySSM verify must go through the ReplaySSM Mamba-2 "
-                "backend (no intermediate_ssm is allocated)."
-            )
-        if os.environ.get(_DEBUG_ENV, "0") not in ("", "0"):
-            _check_rows_flushed(state, kwargs.get("state_batch_indices"))
-        return super().__call__(state, *args, **kwargs)
+    def _kernel(self) -> Callable:
+        if self._impl is None:
+            import pkgutil
 
+            self._impl = pkgutil.resolve_name(IMPL)
+        return self._impl
 
-def _check_rows_flushed(state: torch.Tensor, indices) -> None:
-    from sglang_replayssm.pool import LIVE_POOLS
-
-    if indices is None:
-        return
-    for pool in list(LIVE_POOLS):
-        temporal = pool.mamba_cache.temporal
-        if temporal.untyped_storage().data_ptr() != state.untyped_storage().data_ptr():
-            continue
-        idx = indices[indices >= 0].long()
-        pending = pool.replayssm_wpos[idx]
-        if bool((pending != 0).any()):
-            raise AssertionError(
-                "ReplaySSM: stock SSU called on slots with pending ring entries "
-                f"{idx[pending != 0].tolist()}; the backend must flush them first."
-            )
+    def __call__(
+        self,
+        state: torch.Tensor,
+        x: torch.Tensor,
+        dt: torch.Tensor,
+        A: torch.Tensor,
+        B: torch.Tensor,
+        C: torch.Tensor,
+        D: Optional[torch.Tensor] = None,
+        z: Optional[torch.Tensor] = None,
+        dt_bias: Optional[torch.Tensor] = None,
+        dt_softplus: bool = False,
+        state_batch_indices: Optional[torch.Tensor] = None,
+        pad_slot_id: int = -1,
+        out: Optional[torch.Tensor] = None,
+        disable_state_update: bool = False,
+        intermediate_states_buffer: Optional[torch.Tensor] = None,
+        cache_steps: Optional[int] = None,
+        retrieve_parent_token: Optional[torch.Tensor] = None,
+        intermediate_state_indices: Optional[torch.Tensor] = None,
+    ) -> None:
+        return self._kernel()(
+            state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
+            state_batch_indices=state_batch_indices, pad_slot_id=pad_slot_id, out=out,
+            disable_state_update=disable_state_update, intermediate_states_buffer=intermediate_states_buffer,
+            cache_steps=cache_steps, retrieve_parent_token=retrieve_parent_token,
+            intermediate_state_indices=intermediate_state_indices,
+        )

@@ -378,13 +378,22 @@ def test_validation_happy_path_mamba2_without_spec(models, fake_backends):
     assert issubclass(hla.Mamba2AttnBackend, fake_backends.Mamba2AttnBackend)  # model isinstance asserts hold
 
 
-def test_ssu_entry_refuses_verify():
-    from sglang_replayssm.ssu import ReplaySSMSSUBackend
-
+def test_ssu_entry_forwards_to_the_mamba2_backend(fake_backends):
     import torch
 
-    with pytest.raises(RuntimeError, match="target-verify"):
-        ReplaySSMSSUBackend()(torch.zeros(1), None, None, None, None, None, disable_state_update=True)
+    from sglang_replayssm.ssu import ReplaySSMSSUBackend
+
+    calls = []
+    fake_backends.mamba2.replayssm_selective_state_update = lambda *a, **k: calls.append((a, k))
+    ssu = ReplaySSMSSUBackend()
+    assert ssu.name == "replayssm"
+    state, x = torch.zeros(1), torch.ones(1)
+    ssu(state, x, None, None, None, None, dt_softplus=True, disable_state_update=True, cache_steps=4)
+    (args, kwargs), = calls
+    assert args[0] is state and args[1] is x
+    assert kwargs["disable_state_update"] is True and kwargs["cache_steps"] == 4 and kwargs["dt_softplus"] is True
+    with pytest.raises(ValueError, match="stochastic-rounding"):
+        ReplaySSMSSUBackend(enable_stochastic_rounding=True)
 
 
 def test_env_ring_len_for_programmatic_use(models, fake_backends):
