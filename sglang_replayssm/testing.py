@@ -14,8 +14,14 @@ import torch
 
 from replayssm_kernels import commit_prepare, decode_prepare, pending_fold_plan
 from replayssm_kernels.gdn import alloc_gdn_rings, gdn_replay_decode, gdn_replay_fold, gdn_replay_verify
+from replayssm_kernels.mamba2 import (
+    alloc_mamba2_rings,
+    mamba2_replay_decode,
+    mamba2_replay_fold,
+    mamba2_replay_verify,
+)
 
-__all__ = ["GDNHarness"]
+__all__ = ["GDNHarness", "Mamba2Harness"]
 
 
 class _RingHarness:
@@ -157,6 +163,85 @@ class GDNHarness(_RingHarness):
         out = torch.empty(1, self.batch, self.HV, self.V, self.K, dtype=torch.float32, device=self.device)
         dst_idx = torch.arange(self.batch, dtype=torch.int32, device=self.device)
         gdn_replay_fold(self._state, self._rings, self.slot_idx, n, org, dst=out, dst_idx=dst_idx)
+        return out[0]
+
+    # Inspection helpers for tests (not part of the conformance API).
+    def checkpoint_pool(self) -> torch.Tensor:
+        return self._state[0]
+
+    def pending(self) -> torch.Tensor:
+        return self.wpos[self.slot_idx.long()].clone()
+
+
+class Mamba2Harness(_RingHarness):
+    """One Mamba-2 layer over `batch` requests (`dt_softplus=True`, head dim tied).
+
+    `A`, `D`, `dt_bias`: fp32 `[NH]`. Activations (x, dt, B, C, z) may be bf16, fp16 or fp32; x, dt
+    and B must share one dtype, which the rings take from the first decode/verify call.
+    """
+
+    def __init__(
+        self, *, batch: int, num_heads: int, head_dim: int, num_groups: int, state_size: int,
+        A: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor, ring_len: int, max_draft_tokens: int,
+        device,
+    ) -> None:
+        super().__init__(batch=batch, ring_len=ring_len, max_draft_tokens=max_draft_tokens, device=device)
+        if num_groups < 1 or num_heads % num_groups != 0:
+            raise ValueError(f"num_heads={num_heads} must be a multiple of num_groups={num_groups}")
+        self.NH, self.P, self.G, self.N = num_heads, head_dim, num_groups, state_size
+        params = {}
+        for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
+            t = torch.as_tensor(t).to(device=self.device, dtype=torch.float32).contiguous()
+            if t.shape != (self.NH,):
+                raise ValueError(f"{name} must be [{self.NH}], got {tuple(t.shape)}")
+            params[name] = t
+        self.A, self.D, self.dt_bias = params["A"], params["D"], params["dt_bias"]
+        self._state = torch.zeros(1, self.num_slots, self.NH, self.P, self.N, dtype=torch.float32, device=self.device)
+        self._rings = None
+
+    def _rings_for(self, dtype: torch.dtype):
+        if self._check_dtype(dtype) or self._rings is None:
+            self._rings = alloc_mamba2_rings(1, self.num_slots, self.NH, self.P, self.G, self.N,
+                                             self.ring_len, dtype, self.device)
+        return self._rings
+
+    def set_state(self, S0: torch.Tensor) -> None:
+        """Load checkpoints `[batch, NH, P, N]` (fp32) and empty the rings."""
+        if tuple(S0.shape) != (self.batch, self.NH, self.P, self.N):
+            raise ValueError(f"state must be [{self.batch}, {self.NH}, {self.P}, {self.N}], got {tuple(S0.shape)}")
+        self._state[0, self.slot_idx.long()] = S0.to(device=self.device, dtype=torch.float32)
+        self._reset_cursors()
+
+    def decode(self, x, dt, B, C, z=None, force_flush=None) -> torch.Tensor:
+        """x `[batch, NH, P]`; dt `[batch, NH]`; B, C `[batch, G, N]`; z `[batch, NH, P]` or None
+        -> y `[batch, NH, P]`."""
+        rings = self._rings_for(x.dtype)
+        row_wp, row_flush = self._decode_plan(force_flush)
+        return mamba2_replay_decode(x, dt, B, C, self.A, self.D, self.dt_bias, self._state[0], rings.layer(0),
+                                    self.slot_idx, row_wp, row_flush, self.origin, z=z)
+
+    def verify(self, x, dt, B, C, z=None) -> torch.Tensor:
+        """The same with a draft axis after batch -> y `[batch, T', NH, P]`."""
+        self._verify_begin(x.shape[1])
+        rings = self._rings_for(x.dtype)
+        return mamba2_replay_verify(x, dt, B, C, self.A, self.D, self.dt_bias, self._state[0], rings.layer(0),
+                                    self.slot_idx, self.wpos, self.origin, z=z)
+
+    def commit(self, num_accepted) -> None:
+        """Accept `num_accepted[i]` (1..T') drafts of row i; folds when the next window needs room."""
+        row_nfold, row_origin = self._commit_plan(num_accepted)
+        mamba2_replay_fold(self._state, self._rings, self.A[None], self.dt_bias[None], self.slot_idx,
+                           row_nfold, row_origin)
+
+    def state(self) -> torch.Tensor:
+        """Committed state `[batch, NH, P, N]` fp32: checkpoint + pending entries, exactly folded."""
+        if self._rings is None:
+            return self._state[0, self.slot_idx.long()].clone()
+        n, org = pending_fold_plan(self.slot_idx, self.wpos, self.origin)
+        out = torch.empty(1, self.batch, self.NH, self.P, self.N, dtype=torch.float32, device=self.device)
+        dst_idx = torch.arange(self.batch, dtype=torch.int32, device=self.device)
+        mamba2_replay_fold(self._state, self._rings, self.A[None], self.dt_bias[None], self.slot_idx, n, org,
+                           dst=out, dst_idx=dst_idx)
         return out[0]
 
     # Inspection helpers for tests (not part of the conformance API).

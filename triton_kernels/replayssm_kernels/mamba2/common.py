@@ -1,17 +1,17 @@
 """Device helpers and launch configuration shared by the Mamba-2 ReplaySSM kernels.
 
-The helpers that touch the committed state reproduce the operation order of SGLang 0.5.17's
-`_selective_scan_update_kernel` (`dt_softplus=True`, tied head dim):
+The helpers that touch the committed state reproduce SGLang 0.5.17's `_selective_scan_update_kernel`
+(`dt_softplus=True`, tied head dim) operation for operation:
 
     dt = softplus(float(dt_raw) + dt_bias)        (threshold 20: log(exp(dt) + 1) below, dt above)
     dA = exp(A * dt);  dB = B * dt
-    S  = S * dA + dB * x[:, None]
+    S  = fma(S, dA, dB * x[:, None])              (the baseline's `S * dA + dB * x` as compiled)
     y  = sum(S * C[None, :], axis=1);  y += x * D;  y *= z * sigmoid(z)
 
-The update is elementwise over the `[BM, BN]` tile, so any P-tile gives the same bits. The output
-reduction runs along N; it matches the baseline's bits as long as the N axis is laid out the same
-way (`BN = next_pow2(N)` whole in one program, 32 lanes along N for N >= 128, see `tile_config`).
-Do not "simplify" these expressions (log1p, reciprocal multiplies, tl.dot, reordering).
+The update is elementwise over the tile, so any P-tile gives the same bits. The readout reduces
+along N; it matches the baseline's bits when the N axis is laid out the same way (see
+`tile_config`). Do not "simplify" these expressions (log1p, reciprocal multiplies, tl.dot,
+reordering, letting the compiler pick the fma).
 """
 
 from __future__ import annotations
@@ -47,23 +47,32 @@ def mamba2_exact_step(b_s, b_x, b_B, b_dt, b_A):
 
 
 @triton.jit
-def mamba2_replay(b_s, p_x, p_B, p_dt, o_m, o_n, mask_m, mask_n, org, n, b_A, b_bias,
-                  P: tl.constexpr, N: tl.constexpr, RL: tl.constexpr, UNROLL: tl.constexpr):
-    """Replay ring entries `0..n-1` (physical `(org + j) % RL`) into the tile, exactly.
+def _replay_entry(b_s, p_x, p_B, p_dt, o_m, o_n, mask_m, mask_n, phys, b_A, b_bias,
+                  P: tl.constexpr, N: tl.constexpr):
+    b_x = tl.load(p_x + phys * P + o_m, mask=mask_m, other=0).to(tl.float32)
+    b_B = tl.load(p_B + phys * N + o_n, mask=mask_n, other=0).to(tl.float32)
+    b_dt = mamba2_dt(tl.load(p_dt + phys), b_bias)
+    return mamba2_exact_step(b_s, b_x, b_B, b_dt, b_A)
 
-    `p_x`, `p_B`, `p_dt` point at this head's (group's) ring row 0. Entries are taken `UNROLL` at a
-    time with masked loads, so the loads and softplus of a chunk do not wait on the state chain;
-    an entry past `n` leaves the tile untouched (select, not arithmetic).
+
+@triton.jit
+def mamba2_replay(b_s, p_x, p_B, p_dt, o_m, o_n, mask_m, mask_n, org, j_start, n, b_A, b_bias,
+                  P: tl.constexpr, N: tl.constexpr, RL: tl.constexpr, UNROLL: tl.constexpr):
+    """Replay ring entries `j_start..n-1` (physical `(org + j) % RL`) into the tile, exactly.
+
+    `p_x`, `p_B`, `p_dt` point at this head's (group's) ring row 0. Whole chunks of `UNROLL`
+    entries are straight-line code, so a chunk's loads and softplus need not wait on the state
+    chain; the remainder runs one entry at a time.
     """
-    for j0 in range(0, n, UNROLL):
+    n_main = j_start + ((n - j_start) // UNROLL) * UNROLL
+    for j0 in range(j_start, n_main, UNROLL):
         for u in tl.static_range(UNROLL):
-            j = j0 + u
-            valid = j < n
-            phys = (org + j) % RL
-            b_x = tl.load(p_x + phys * P + o_m, mask=mask_m & valid, other=0).to(tl.float32)
-            b_B = tl.load(p_B + phys * N + o_n, mask=mask_n & valid, other=0).to(tl.float32)
-            b_dt = mamba2_dt(tl.load(p_dt + phys, mask=valid, other=0), b_bias)
-            b_s = tl.where(valid, mamba2_exact_step(b_s, b_x, b_B, b_dt, b_A), b_s)
+            b_s = _replay_entry(b_s, p_x, p_B, p_dt, o_m, o_n, mask_m, mask_n, (org + j0 + u) % RL,
+                                b_A, b_bias, P, N)
+    if UNROLL > 1:
+        for j in range(n_main, n):
+            b_s = _replay_entry(b_s, p_x, p_B, p_dt, o_m, o_n, mask_m, mask_n, (org + j) % RL,
+                                b_A, b_bias, P, N)
     return b_s
 
 
@@ -87,32 +96,41 @@ def mamba2_gate(b_y, b_z, HAS_Z: tl.constexpr):
 # -- launch configuration ---------------------------------------------------------------------
 #
 # One table for every per-config choice, so that a GPU sweep can retune it in one place.
-# Keys: kernel -> list of (max BN, BM, num_warps, num_stages); the first row with BN <= max BN wins.
+# Keys: kernel -> list of (max BN, BM, BMF, num_warps, num_stages); the first row with
+# BN <= max BN wins. BMF is the decode flush branch's sub-tile (rows replayed at a time): keeping it
+# small keeps that rare branch from setting the register budget of the non-flush branch.
 #
 # Rules that `tile_config` enforces on top of the table:
 # * BN = next_pow2(N), the whole state row in one program, and at least 4 fp32 per thread
-#   (BM * BN >= 4 * 32 * num_warps). Triton then lays the tile out as the baseline lays out its own
-#   (4 consecutive N per thread, min(32, BN/4) lanes along N, the rest along P), so the flush
-#   readout `sum(S * C, axis=1)` reduces in the same order and the decode flush output is
+#   (BM * BN >= 4 * 32 * num_warps, BMF too). Triton then lays the tile out as the baseline lays out
+#   its own (4 consecutive N per thread, min(32, BN/4) lanes along N, the rest along P), so the
+#   flush readout `sum(S * C, axis=1)` reduces in the same order and the decode flush output is
 #   bit-identical to the baseline's. (State updates are elementwise: any tile is exact.)
-# * BM is a power of two, at most next_pow2(P), halved (not below the rule above or 16) when that
-#   removes masked P rows (P = 80 -> BM 16).
+# * BM is a power of two, at most next_pow2(P), halved while more than a quarter of the padded
+#   P rows would be masked (P = 80 -> BM 32).
 # * dot products stay on fp32 CUDA cores (no tl.dot / tf32).
 #
-# Values: first sweep on one H200 (triton 3.6, Nemotron-3-Super shape NH=128 P=64 N=128, B=256).
+# Values: a first sweep on one H200 (triton 3.6, torch 2.11, 2026-11-30; NH=128 P=64 N=128 G=8,
+# B=256, L=16, T=4, bf16 activations; SGLang's SSU decode 719 us = 2.99 TB/s). Decode BM 64 / BMF
+# 32 / 4 warps: non-flush rows 280-315 us (state read 3.4-3.7 TB/s), all rows flushing ~1160 us,
+# (15 * non-flush + flush) / 16 ~ 345-370 us = 1.95-2.09x across runs; stages 1/2/3 equal.
+# BM 32: 1.7x; BM 16: 1.1x; 8 warps: 1.1-1.7x; BMF 16: 1.85x, BMF 64: 1.66x. Verify BM 64:
+# ~555 us (BM 32: 625, BM 16: 1000); one verify + commit_prepare + fold step ~775 us against
+# ~2475 us for SSU verify with intermediate states (~1945) + scatter (531): 3.2x. Fold BM 32 ~ 64.
 _TILE_TABLE = {
-    #            max BN, BM, warps, stages
-    "decode": [(64, 32, 4, 2), (128, 32, 4, 2), (1 << 30, 16, 4, 2)],
-    "verify": [(64, 32, 4, 2), (128, 32, 4, 2), (1 << 30, 16, 4, 2)],
-    "fold": [(64, 32, 4, 2), (128, 32, 4, 2), (1 << 30, 16, 4, 2)],
+    #            max BN,  BM, BMF, warps, stages
+    "decode": [(1 << 30, 64, 32, 4, 2)],
+    "verify": [(1 << 30, 64, 16, 4, 2)],
+    "fold": [(1 << 30, 32, 16, 4, 2)],
 }
-# Ring entries replayed per chunk by the exact fold (decode flush and commit fold).
+# Ring entries replayed per straight-line chunk by the exact fold (decode flush and commit fold).
 REPLAY_UNROLL = 4
 
 
 @dataclass(frozen=True)
 class TileConfig:
     BM: int
+    BMF: int
     BN: int
     num_warps: int
     num_stages: int
@@ -125,11 +143,12 @@ class TileConfig:
 def tile_config(kernel: str, P: int, N: int) -> TileConfig:
     """Tile of one program (`BM` rows of P, all `BN = next_pow2(N)` columns) and launch options."""
     BN = triton.next_power_of_2(N)
-    for max_bn, BM, warps, stages in _TILE_TABLE[kernel]:
+    for max_bn, BM, BMF, warps, stages in _TILE_TABLE[kernel]:
         if BN <= max_bn:
             break
     min_bm = max(1, (4 * 32 * warps) // BN)
     BM = max(min(BM, triton.next_power_of_2(P)), min_bm)
-    while BM // 2 >= max(min_bm, 16) and P % BM != 0 and P % (BM // 2) == 0:
+    while BM // 2 >= min_bm and 4 * (triton.cdiv(P, BM) * BM - P) > triton.cdiv(P, BM) * BM:
         BM //= 2
-    return TileConfig(BM=BM, BN=BN, num_warps=warps, num_stages=stages)
+    BMF = min(BM, max(BMF, min_bm))
+    return TileConfig(BM=BM, BMF=BMF, BN=BN, num_warps=warps, num_stages=stages)

@@ -46,7 +46,7 @@ def _mamba2_decode_kernel(
     stride_x_tok, stride_dt_tok, stride_B_tok, stride_C_tok, stride_z_tok, stride_o_tok,
     stride_state_slot, stride_rx_slot, stride_rB_slot, stride_rdt_slot,
     NH: tl.constexpr, P: tl.constexpr, G: tl.constexpr, N: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
+    BM: tl.constexpr, BMF: tl.constexpr, BN: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
     HAS_Z: tl.constexpr, UNROLL: tl.constexpr,
 ):
     NP = (P + BM - 1) // BM
@@ -54,26 +54,21 @@ def _mamba2_decode_kernel(
     i_n, i_h = i_nh // NH, i_nh % NH
     i_g = i_h // (NH // G)
 
-    o_m = i_m * BM + tl.arange(0, BM)
     o_n = tl.arange(0, BN)
-    mask_m = o_m < P
     mask_n = o_n < N
-    mask_s = mask_m[:, None] & mask_n[None, :]
 
-    # The inputs do not depend on the slot: issue them before the slot lookup so their latency
-    # overlaps it (a padding row loads them for nothing, harmlessly).
+    # Inputs that do not depend on the slot go first, so their latency overlaps the lookup
+    # (a padding row loads them for nothing, harmlessly).
     i_n64 = i_n.to(tl.int64)
-    b_x_raw = tl.load(x + i_n64 * stride_x_tok + i_h * P + o_m, mask=mask_m, other=0)
     b_B_raw = tl.load(Bm + i_n64 * stride_B_tok + i_g * N + o_n, mask=mask_n, other=0)
     b_dt_raw = tl.load(dt + i_n64 * stride_dt_tok + i_h)
     b_C = tl.load(C + i_n64 * stride_C_tok + i_g * N + o_n, mask=mask_n, other=0).to(tl.float32)
-    if HAS_Z:
-        b_z = tl.load(z + i_n64 * stride_z_tok + i_h * P + o_m, mask=mask_m, other=0).to(tl.float32)
-    else:
-        b_z = b_x_raw
     b_A = tl.load(A + i_h).to(tl.float32)
     b_D = tl.load(D + i_h).to(tl.float32)
     b_bias = tl.load(dt_bias + i_h).to(tl.float32)
+    p_x = x + i_n64 * stride_x_tok + i_h * P
+    p_z = z + i_n64 * stride_z_tok + i_h * P
+    p_o = o + i_n64 * stride_o_tok + i_h * P
     wp = tl.load(row_wp + i_n)
     flush = tl.load(row_flush + i_n)
 
@@ -81,30 +76,50 @@ def _mamba2_decode_kernel(
     if slot < 0:
         return
     org = tl.load(origin + slot)
-    p_s = state + slot * stride_state_slot + (i_h * P + o_m[:, None]) * N + o_n[None, :]
-    b_s = tl.load(p_s, mask=mask_s, other=0, eviction_policy="evict_first").to(tl.float32)
-
-    b_x = b_x_raw.to(tl.float32)
     b_B = b_B_raw.to(tl.float32)
     b_dt = mamba2_dt(b_dt_raw, b_bias)
-
+    p_s = state + slot * stride_state_slot + i_h * P * N
     p_rx = ring_x + slot * stride_rx_slot + i_h * RL * P
     p_rB = ring_B + slot * stride_rB_slot + i_g * RL * N
     p_rdt = ring_dt + slot * stride_rdt_slot + i_h * RL
-    p_o = o + i_n64 * stride_o_tok + i_h * P + o_m
     if flush != 0:
-        # Exact replay of the pending raw entries, then of this token.
-        b_s = mamba2_replay(b_s, p_rx, p_rB, p_rdt, o_m, o_n, mask_m, mask_n, org, wp, b_A, b_bias,
-                            P, N, RL, UNROLL)
-        b_s = mamba2_exact_step(b_s, b_x, b_B, b_dt, b_A)
-        b_y = mamba2_exact_output(b_s, b_C, b_x, b_D, b_z, HAS_Z)
-        tl.store(p_o, b_y.to(p_o.dtype.element_ty), mask=mask_m)
-        tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=mask_s)
+        # Exact replay of the pending raw entries, then of this token, then the baseline's
+        # readout; in sub-tiles of BMF rows so that this branch does not set the register budget
+        # of the (much more frequent) non-flush branch.
+        for i_f in range(0, BM, BMF):
+            o_f = i_m * BM + i_f + tl.arange(0, BMF)
+            mask_f = o_f < P
+            mask_fs = mask_f[:, None] & mask_n[None, :]
+            p_sf = p_s + o_f[:, None] * N + o_n[None, :]
+            b_s = tl.load(p_sf, mask=mask_fs, other=0).to(tl.float32)
+            b_s = mamba2_replay(b_s, p_rx, p_rB, p_rdt, o_f, o_n, mask_f, mask_n, org, 0, wp, b_A, b_bias,
+                                P, N, RL, UNROLL)
+            b_x = tl.load(p_x + o_f, mask=mask_f, other=0).to(tl.float32)
+            if HAS_Z:
+                b_z = tl.load(p_z + o_f, mask=mask_f, other=0).to(tl.float32)
+            else:
+                b_z = b_x
+            b_s = mamba2_exact_step(b_s, b_x, b_B, b_dt, b_A)
+            b_y = mamba2_exact_output(b_s, b_C, b_x, b_D, b_z, HAS_Z)
+            tl.store(p_o + o_f, b_y.to(p_o.dtype.element_ty), mask=mask_f)
+            tl.store(p_sf, b_s.to(p_sf.dtype.element_ty), mask=mask_fs)
     else:
+        o_m = i_m * BM + tl.arange(0, BM)
+        mask_m = o_m < P
+        b_s = tl.load(p_s + o_m[:, None] * N + o_n[None, :], mask=mask_m[:, None] & mask_n[None, :], other=0,
+                      eviction_policy="evict_first").to(tl.float32)
+        b_x_raw = tl.load(p_x + o_m, mask=mask_m, other=0)
+        b_x = b_x_raw.to(tl.float32)
         o_j = tl.arange(0, RLB)
         m_j = o_j < wp
         phys_j = (org + o_j) % RL
         b_rdt = tl.load(p_rdt + phys_j, mask=m_j, other=0)
+        b_rB = tl.load(
+            p_rB + phys_j[:, None] * N + o_n[None, :], mask=m_j[:, None] & mask_n[None, :], other=0,
+        ).to(tl.float32)
+        b_rx = tl.load(
+            p_rx + phys_j[:, None] * P + o_m[None, :], mask=m_j[:, None] & mask_m[None, :], other=0,
+        ).to(tl.float32)
         b_rdt = tl.where(m_j, mamba2_dt(b_rdt, b_bias), 0.0)
         b_ra = b_rdt * b_A
         b_a = b_dt * b_A
@@ -113,18 +128,13 @@ def _mamba2_decode_kernel(
         b_suffix = tl.cumsum(b_ra, 0, reverse=True) - b_ra + b_a
         b_w = tl.where(m_j, b_rdt * tl.exp(b_suffix), 0.0)
         b_dec = tl.exp(tl.sum(b_ra, 0) + b_a)
-        b_rB = tl.load(
-            p_rB + phys_j[:, None] * N + o_n[None, :], mask=m_j[:, None] & mask_n[None, :], other=0,
-        ).to(tl.float32)
-        b_rx = tl.load(
-            p_rx + phys_j[:, None] * P + o_m[None, :], mask=m_j[:, None] & mask_m[None, :], other=0,
-        ).to(tl.float32)
         b_bc = tl.sum(b_rB * b_C[None, :], 1)
         b_sc = tl.sum(b_s * b_C[None, :], 1)
         b_hist = tl.sum(b_rx * (b_w * b_bc)[:, None], 0)
         b_y = b_dec * b_sc + b_hist + (b_dt * tl.sum(b_B * b_C, 0)) * b_x + b_x * b_D
-        b_y = mamba2_gate(b_y, b_z, HAS_Z)
-        tl.store(p_o, b_y.to(p_o.dtype.element_ty), mask=mask_m)
+        if HAS_Z:
+            b_y = mamba2_gate(b_y, tl.load(p_z + o_m, mask=mask_m, other=0).to(tl.float32), HAS_Z)
+        tl.store(p_o + o_m, b_y.to(p_o.dtype.element_ty), mask=mask_m)
         # Append this token at logical position wp.
         phys = (org + wp) % RL
         tl.store(p_rx + phys * P + o_m, b_x_raw, mask=mask_m)
@@ -226,7 +236,7 @@ def mamba2_replay_decode(
         slot_idx, row_wp, row_flush, origin,
         *strides, stride_o,
         state.stride(0), rings.x.stride(0), rings.B.stride(0), rings.dt.stride(0),
-        NH=NH, P=P, G=G, N=N, BM=cfg.BM, BN=cfg.BN, RL=RL, RLB=triton.next_power_of_2(RL),
+        NH=NH, P=P, G=G, N=N, BM=cfg.BM, BMF=cfg.BMF, BN=cfg.BN, RL=RL, RLB=triton.next_power_of_2(RL),
         HAS_Z=z is not None, UNROLL=REPLAY_UNROLL,
         **cfg.launch,
     )

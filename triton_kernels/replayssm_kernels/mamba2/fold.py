@@ -24,13 +24,14 @@ from .rings import Mamba2Rings, check_mamba2_rings
 @triton.jit(do_not_specialize=["B"])
 def _mamba2_fold_kernel(
     state, dst, ring_x, ring_B, ring_dt, A, dt_bias,
-    slot_idx, dst_idx, row_nfold, row_origin,
+    slot_idx, dst_idx, row_nfold, row_origin, snap_at, snap_slot,
     B,
     stride_state_layer, stride_state_slot, stride_dst_layer, stride_dst_slot,
     stride_rx_layer, stride_rx_slot, stride_rB_layer, stride_rB_slot,
     stride_rdt_layer, stride_rdt_slot, stride_A_layer, stride_bias_layer,
     NH: tl.constexpr, P: tl.constexpr, G: tl.constexpr, N: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, RL: tl.constexpr, HAS_DST: tl.constexpr, UNROLL: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, RL: tl.constexpr, HAS_DST: tl.constexpr, HAS_SNAP: tl.constexpr,
+    UNROLL: tl.constexpr,
 ):
     NP = (P + BM - 1) // BM
     i_m, i_lnh = tl.program_id(0) % NP, tl.program_id(0) // NP
@@ -63,7 +64,20 @@ def _mamba2_fold_kernel(
     p_rx = ring_x + i_l * stride_rx_layer + slot * stride_rx_slot + i_h * RL * P
     p_rB = ring_B + i_l * stride_rB_layer + slot * stride_rB_slot + i_g * RL * N
     p_rdt = ring_dt + i_l * stride_rdt_layer + slot * stride_rdt_slot + i_h * RL
-    b_s = mamba2_replay(b_s, p_rx, p_rB, p_rdt, o_m, o_n, mask_m, mask_n, org, n_fold, b_A, b_bias,
+    if HAS_SNAP:
+        # Radix track slot: also store the state after the first `snap_at` entries.
+        b_snap_at = tl.load(snap_at + i_n)
+        b_snap_slot = tl.load(snap_slot + i_n).to(tl.int64)
+        do_snap = (b_snap_at > 0) & (b_snap_at <= n_fold) & (b_snap_slot >= 0)
+        n_first = tl.where(do_snap, b_snap_at, 0)
+        b_s = mamba2_replay(b_s, p_rx, p_rB, p_rdt, o_m, o_n, mask_m, mask_n, org, 0, n_first, b_A, b_bias,
+                            P, N, RL, UNROLL)
+        if do_snap:
+            p_snap = state + i_l * stride_state_layer + b_snap_slot * stride_state_slot + o_s
+            tl.store(p_snap, b_s.to(p_snap.dtype.element_ty), mask=mask_s)
+    else:
+        n_first = 0
+    b_s = mamba2_replay(b_s, p_rx, p_rB, p_rdt, o_m, o_n, mask_m, mask_n, org, n_first, n_fold, b_A, b_bias,
                         P, N, RL, UNROLL)
 
     if HAS_DST:
@@ -82,6 +96,8 @@ def mamba2_replay_fold(
     row_origin: torch.Tensor,
     dst: Optional[torch.Tensor] = None,
     dst_idx: Optional[torch.Tensor] = None,
+    snap_at: Optional[torch.Tensor] = None,
+    snap_slot: Optional[torch.Tensor] = None,
 ) -> None:
     """Fold the first `row_nfold[i]` pending entries of each row into its checkpoint, all layers.
 
@@ -96,6 +112,9 @@ def mamba2_replay_fold(
             (or `pending_fold_plan`).
         dst, dst_idx (torch.Tensor, optional): write the folded state to `dst[:, dst_idx[i]]`
             instead (same layout as `state`); rows with nothing to fold are copied.
+        snap_at, snap_slot (torch.Tensor, optional): `[B]` int32; after folding `snap_at[i]`
+            entries (`0 < snap_at[i] <= row_nfold[i]`), also store the state into slot
+            `snap_slot[i]` (>= 0) of `state` (radix-cache track slot). Not combined with `dst`.
     """
     if state.dim() == 4:
         state = state.unsqueeze(0)
@@ -118,6 +137,9 @@ def mamba2_replay_fold(
         if t.dtype != torch.float32 or tuple(t.shape) != (Lm, NH) or (NH > 1 and t.stride(1) != 1):
             raise ValueError(f"`{name}` must be fp32 [{Lm}, {NH}] with a contiguous head dim")
     has_dst = dst is not None
+    has_snap = snap_at is not None
+    if has_snap and (has_dst or snap_slot is None):
+        raise ValueError("snap_at needs snap_slot and cannot be combined with dst")
     if has_dst:
         if (dst_idx is None or dst.dim() != 5 or dst.shape[0] != Lm or dst.shape[2:] != state.shape[2:]
                 or dst.dtype != torch.float32 or dst[0, 0].stride() != (P * N, N, 1)):
@@ -131,10 +153,12 @@ def mamba2_replay_fold(
     _mamba2_fold_kernel[grid](
         state, out, rings.x, rings.B, rings.dt, A, dt_bias,
         slot_idx, dst_idx if has_dst else slot_idx, row_nfold, row_origin,
+        snap_at if has_snap else row_nfold, snap_slot if has_snap else slot_idx,
         Bsz,
         state.stride(0), state.stride(1), out.stride(0), out.stride(1),
         rings.x.stride(0), rings.x.stride(1), rings.B.stride(0), rings.B.stride(1),
         rings.dt.stride(0), rings.dt.stride(1), A.stride(0), dt_bias.stride(0),
-        NH=NH, P=P, G=G, N=N, BM=cfg.BM, BN=cfg.BN, RL=rings.ring_len, HAS_DST=has_dst, UNROLL=REPLAY_UNROLL,
+        NH=NH, P=P, G=G, N=N, BM=cfg.BM, BN=cfg.BN, RL=rings.ring_len, HAS_DST=has_dst, HAS_SNAP=has_snap,
+        UNROLL=REPLAY_UNROLL,
         **cfg.launch,
     )

@@ -12,6 +12,12 @@ checkpoint, so every draft's output is a set of inner products (a causal masked 
         + sum_{t<=s}  dt_t exp(c_s - c_t)              (B_t . C_s) x_t
         + D x_s,      y_s *= z_s sigmoid(z_s)
 
+Per program, one pass over the drafts collects the checkpoint readouts `SC[s, :]` and the
+coefficient matrices `CH[j, s]` (history) and `CW[t, s]` (window, causal); the x contributions of
+all drafts then come from one broadcast-reduce each (`sum_j CH[j, s] x_j`), and the `[T, BM]`
+output tile is stored at once. Reducing once per program rather than once per draft keeps the
+cross-warp reductions (shared memory + barrier) out of the draft loop.
+
 All dot products are fp32 on CUDA cores. The window's raw (x, B, dt) are written into the ring
 (x per P-block, dt by P-block 0, B by the first head of each group in P-block 0); the checkpoint
 is read only; there is no per-draft state. Rejected drafts are overwritten later.
@@ -56,8 +62,8 @@ def _mamba2_verify_kernel(
     mask_m = o_m < P
     mask_n = o_n < N
     m_t = o_t < T
+    mask_tm = m_t[:, None] & mask_m[None, :]
 
-    # Window inputs first: they do not depend on the slot, so their latency overlaps the lookup.
     i_n64 = i_n.to(tl.int64)
     b_A = tl.load(A + i_h).to(tl.float32)
     b_D = tl.load(D + i_h).to(tl.float32)
@@ -66,28 +72,25 @@ def _mamba2_verify_kernel(
     p_dt = dt + i_n64 * stride_dt_row + i_h
     p_B = Bm + i_n64 * stride_B_row + i_g * N
     p_C = C + i_n64 * stride_C_row + i_g * N
-    p_z = z + i_n64 * stride_z_row + i_h * P
-    p_o = o + i_n64 * stride_o_row + i_h * P
-    b_wdt = tl.load(p_dt + o_t * stride_dt_tok, mask=m_t, other=0)
-    b_wB = tl.load(
+    b_wdt_raw = tl.load(p_dt + o_t * stride_dt_tok, mask=m_t, other=0)
+    b_wB_raw = tl.load(
         p_B + o_t[:, None] * stride_B_tok + o_n[None, :], mask=m_t[:, None] & mask_n[None, :], other=0,
-    ).to(tl.float32)
-    b_wx = tl.load(
-        p_x + o_t[:, None] * stride_x_tok + o_m[None, :], mask=m_t[:, None] & mask_m[None, :], other=0,
-    ).to(tl.float32)
+    )
+    b_wx_raw = tl.load(p_x + o_t[:, None] * stride_x_tok + o_m[None, :], mask=mask_tm, other=0)
+    if HAS_Z:
+        b_wz = tl.load(z + i_n64 * stride_z_row + o_t[:, None] * stride_z_tok + i_h * P + o_m[None, :],
+                       mask=mask_tm, other=0).to(tl.float32)
 
     slot = tl.load(slot_idx + i_n).to(tl.int64)
     if slot < 0:
         return
     wp = tl.load(wpos + slot)
     org = tl.load(origin + slot)
-
     b_s = tl.load(
         state + slot * stride_state_slot + (i_h * P + o_m[:, None]) * N + o_n[None, :],
         mask=mask_m[:, None] & mask_n[None, :], other=0, eviction_policy="evict_first",
     ).to(tl.float32)
 
-    # Committed history.
     p_rx = ring_x + slot * stride_rx_slot + i_h * RL * P
     p_rB = ring_B + slot * stride_rB_slot + i_g * RL * N
     p_rdt = ring_dt + slot * stride_rdt_slot + i_h * RL
@@ -106,38 +109,39 @@ def _mamba2_verify_kernel(
         p_rx + phys_j[:, None] * P + o_m[None, :], mask=m_j[:, None] & mask_m[None, :], other=0,
     ).to(tl.float32)
 
-    b_wdt = tl.where(m_t, mamba2_dt(b_wdt, b_bias), 0.0)
+    b_wdt = tl.where(m_t, mamba2_dt(b_wdt_raw, b_bias), 0.0)
     b_wc = tl.cumsum(b_wdt * b_A, 0)
+    b_wB = b_wB_raw.to(tl.float32)
+    b_wx = b_wx_raw.to(tl.float32)
 
+    # Per draft s: the checkpoint readout and the coefficient of every ring / window entry.
+    b_sc = tl.zeros([BT, BM], dtype=tl.float32)
+    b_ch = tl.zeros([RLB, BT], dtype=tl.float32)
+    b_cw = tl.zeros([BT, BT], dtype=tl.float32)
     for s in tl.static_range(BT):
-        if s < T:
-            b_x_raw = tl.load(p_x + s * stride_x_tok + o_m, mask=mask_m, other=0)
-            b_x = b_x_raw.to(tl.float32)
-            b_C = tl.load(p_C + s * stride_C_tok + o_n, mask=mask_n, other=0).to(tl.float32)
-            b_cs = tl.sum(tl.where(o_t == s, b_wc, 0.0), 0)
-            b_sc = tl.sum(b_s * b_C[None, :], 1)
-            b_hw = tl.where(m_j, b_hdt * tl.exp(b_hsuf + b_cs), 0.0)
-            b_hbc = tl.sum(b_hB * b_C[None, :], 1)
-            b_ww = tl.where(o_t <= s, b_wdt * tl.exp(b_cs - b_wc), 0.0)
-            b_wbc = tl.sum(b_wB * b_C[None, :], 1)
-            b_y = (
-                tl.exp(b_hsum + b_cs) * b_sc
-                + tl.sum(b_hx * (b_hw * b_hbc)[:, None], 0)
-                + tl.sum(b_wx * (b_ww * b_wbc)[:, None], 0)
-                + b_x * b_D
-            )
-            if HAS_Z:
-                b_z = tl.load(p_z + s * stride_z_tok + o_m, mask=mask_m, other=0).to(tl.float32)
-                b_y = mamba2_gate(b_y, b_z, HAS_Z)
-            tl.store(p_o + s * stride_o_tok + o_m, b_y.to(p_o.dtype.element_ty), mask=mask_m)
-            # Window entry s goes to logical position wp + s.
-            phys = (org + wp + s) % RL
-            tl.store(p_rx + phys * P + o_m, b_x_raw, mask=mask_m)
-            if i_m == 0:
-                tl.store(p_rdt + phys, tl.load(p_dt + s * stride_dt_tok))
-            if first_of_group:
-                tl.store(p_rB + phys * N + o_n, tl.load(p_B + s * stride_B_tok + o_n, mask=mask_n, other=0),
-                         mask=mask_n)
+        b_C = tl.load(p_C + s * stride_C_tok + o_n, mask=mask_n & (s < T), other=0).to(tl.float32)
+        b_cs = tl.sum(tl.where(o_t == s, b_wc, 0.0), 0)
+        b_sc_s = tl.exp(b_hsum + b_cs) * tl.sum(b_s * b_C[None, :], 1)
+        b_sc = tl.where(o_t[:, None] == s, b_sc_s[None, :], b_sc)
+        b_hw = tl.where(m_j, b_hdt * tl.exp(b_hsuf + b_cs), 0.0) * tl.sum(b_hB * b_C[None, :], 1)
+        b_ch = tl.where(o_t[None, :] == s, b_hw[:, None], b_ch)
+        b_ww = tl.where(o_t <= s, b_wdt * tl.exp(b_cs - b_wc), 0.0) * tl.sum(b_wB * b_C[None, :], 1)
+        b_cw = tl.where(o_t[None, :] == s, b_ww[:, None], b_cw)
+    # y[s, m] = sc[s, m] + sum_j ch[j, s] xh[j, m] + sum_t cw[t, s] xw[t, m] + D xw[s, m]
+    b_y = b_sc + tl.sum(b_hx[:, None, :] * b_ch[:, :, None], 0)
+    b_y += tl.sum(b_wx[:, None, :] * b_cw[:, :, None], 0)
+    b_y += b_wx * b_D
+    if HAS_Z:
+        b_y = mamba2_gate(b_y, b_wz, HAS_Z)
+    p_o = o + i_n64 * stride_o_row + o_t[:, None] * stride_o_tok + i_h * P + o_m[None, :]
+    tl.store(p_o, b_y.to(p_o.dtype.element_ty), mask=mask_tm)
+    # The window goes to logical positions wp + t.
+    phys_t = (org + wp + o_t) % RL
+    tl.store(p_rx + phys_t[:, None] * P + o_m[None, :], b_wx_raw, mask=mask_tm)
+    if i_m == 0:
+        tl.store(p_rdt + phys_t, b_wdt_raw, mask=m_t)
+    if first_of_group:
+        tl.store(p_rB + phys_t[:, None] * N + o_n[None, :], b_wB_raw, mask=m_t[:, None] & mask_n[None, :])
 
 
 def _strides(t: torch.Tensor, shape: tuple, name: str) -> tuple[int, int]:
