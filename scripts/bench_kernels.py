@@ -63,7 +63,7 @@ def time_graph(fn, units: int, reps: int = 30, warmup: int = 2) -> float:
 def copy_bandwidth() -> float:
     """Device-to-device copy, bytes read + written per second (GB/s)."""
     n = 2 << 30
-    src = torch.empty(n, dtype=torch.uint8, device="cuda")
+    src = torch.randn(n // 4, device="cuda")
     dst = torch.empty_like(src)
     us = time_graph(lambda: dst.copy_(src), 1, reps=20)
     return 2 * n / (us * 1e-6) / 1e9
@@ -105,7 +105,13 @@ def gdn_verify_bytes_baseline(B, H, HV, K, V, T, act=2):
     return B * (st + T * st + 2 * st + act * T * (2 * H * K + 2 * HV * V + 2 * HV))
 
 
-def run_gdn(batches, L, T, reps, sweep, results):
+# (BV, num_warps, num_stages, use_dot) of the GDN verify kernel timed in every run; the first GPU
+# run (2026-11-30) had 32x2x2 (warp reductions) best among the non-dot configs.
+VERIFY_CONFIGS = ((32, 2, 2, 0), (32, 1, 2, 1), (64, 4, 2, 1))
+VERIFY_SWEEP = ((32, 1, 2, 0), (64, 2, 2, 1), (32, 4, 2, 1), (128, 4, 2, 1))
+
+
+def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
     from sglang.kernels.ops.attention.fla.fused_recurrent import fused_recurrent_gated_delta_rule_packed_decode
     from sglang.kernels.ops.attention.fla.fused_recurrent_linear_replayssm import (
         fused_recurrent_linear_replayssm_decode,
@@ -121,7 +127,7 @@ def run_gdn(batches, L, T, reps, sweep, results):
     from replayssm_kernels.gdn import alloc_gdn_rings, gdn_replay_decode, gdn_replay_fold, gdn_replay_verify
 
     dev, act = "cuda", torch.bfloat16
-    for H, HV in ((16, 32), (16, 64)):
+    for H, HV in shapes:
         K = V = 128
         A_log = (torch.rand(HV, device=dev) * 0.9 + 0.05).log()
         dt_bias = torch.randn(HV, device=dev) - 1.0
@@ -177,7 +183,10 @@ def run_gdn(batches, L, T, reps, sweep, results):
                         q, k, v = split(mixed[i])
                         gdn_replay_decode(q, k, v, av[i], bv[i], A_log, dt_bias, state, rings, slots[i],
                                           snaps[j][i][0], snaps[j][i][1], origin, out=o2)
-            row["decode_ours_us"] = time_graph(ours_decode, sets * L, reps)
+            for dot in (0, 1):
+                with override("gdn_decode_dot", (dot,)):
+                    row[f"decode_ours_dot{dot}_us"] = time_graph(ours_decode, sets * L, reps)
+            row["decode_ours_us"] = min(row["decode_ours_dot0_us"], row["decode_ours_dot1_us"])
 
             def prep():
                 for i in range(sets):
@@ -248,11 +257,13 @@ def run_gdn(batches, L, T, reps, sweep, results):
                                           slots[i], wpos, origin, out=ov)
                         commit_prepare(slots[i], wpos, origin, accs[t], L, T, row_nfold=nf, row_origin=no)
                         gdn_replay_fold(state[None], rings_all, slots[i], nf, no)
-            row["spec_ours_us"] = time_graph(ours_spec, sets * n_steps, reps)
-            if sweep:
-                for cfg in ((32, 2, 2), (64, 2, 2), (64, 4, 2), (128, 4, 2), (32, 1, 3)):
-                    with override("gdn_verify", cfg):
-                        row[f"spec_ours_us_{cfg[0]}x{cfg[1]}x{cfg[2]}"] = time_graph(ours_spec, sets * n_steps, reps)
+            cfgs = VERIFY_CONFIGS + (VERIFY_SWEEP if sweep else ())
+            for cfg in cfgs:
+                with override("gdn_verify", cfg):
+                    row["spec_ours_us_" + "x".join(map(str, cfg))] = time_graph(ours_spec, sets * n_steps, reps)
+            best = min(cfgs, key=lambda c: row["spec_ours_us_" + "x".join(map(str, c))])
+            row["spec_ours_cfg"] = "x".join(map(str, best))
+            row["spec_ours_us"] = row["spec_ours_us_" + row["spec_ours_cfg"]]
             del rings, rings_all, state
             torch.cuda.empty_cache()
             row["decode_bytes_packed"] = gdn_decode_bytes_baseline(B, H, HV, K, V)
@@ -264,21 +275,177 @@ def run_gdn(batches, L, T, reps, sweep, results):
 
 def gdn_correctness_check():
     """Quick on-GPU check before timing: bit-exact committed state, decode and spec."""
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parents[1] / "tests" / "test_gdn_kernels.py"
-    spec = importlib.util.spec_from_file_location("_t", path)
-    t = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(t)
+    t = _load_test_module("test_gdn_kernels.py")
 
     def check(name, out, base, ref, dtype):
         err = (out.double() - ref.double()).abs().max().item()
         eb = (base.double() - ref.double()).abs().max().item()
         assert err <= 2 * eb + {torch.bfloat16: 1e-3, torch.float32: 1e-4}[dtype], (name, err, eb)
 
-    t.test_gdn_decode(2, 16, 32, 128, 128, 16, torch.bfloat16, 34, "cuda", check)
-    t.test_gdn_verify_commit(4, 16, 32, 128, 128, 16, 4, torch.bfloat16, 20, "cuda", check)
+    from replayssm_kernels.configs import override
+
+    for dot in (0, 1):
+        with override("gdn_decode_dot", (dot,)):
+            t.test_gdn_decode(2, 16, 32, 128, 128, 16, torch.bfloat16, 34, "cuda", check)
+            t.test_gdn_decode(2, 4, 8, 128, 128, 16, torch.float32, 20, "cuda", check)
+    for cfg in VERIFY_CONFIGS:
+        with override("gdn_verify", cfg):
+            t.test_gdn_verify_commit(4, 16, 32, 128, 128, 16, 4, torch.bfloat16, 20, "cuda", check)
+            t.test_gdn_verify_commit(2, 4, 8, 128, 128, 16, 4, torch.float32, 10, "cuda", check)
+
+
+# --------------------------------------------------------------------------------------------
+# Mamba-2
+# --------------------------------------------------------------------------------------------
+def m2_state_bytes(NH, P, N):
+    return NH * P * N * 4
+
+
+def m2_decode_bytes_baseline(B, NH, P, N, G, act=2):
+    """SSU decode: state read + write; x, dt, B, C read; y written."""
+    return B * (2 * m2_state_bytes(NH, P, N) + act * (2 * NH * P + NH + 2 * G * N))
+
+
+def m2_decode_bytes_ours(B, NH, P, N, G, L, act=2):
+    """Per step, amortised over a cycle of L steps: state read every step, written once per cycle;
+    a non-flush step reads on average (L-2)/2 pending (x, dt) entries and its group's B entries and
+    appends one entry; the flush step reads L-1 entries."""
+    st = m2_state_bytes(NH, P, N)
+    io = act * (2 * NH * P + NH + 2 * G * N)
+    entry = act * (NH * P + NH + G * N)
+    avg_pending = (L - 2) / 2 if L > 1 else 0
+    nonflush = st + io + (avg_pending + 1) * entry
+    flush = 2 * st + io + (L - 1) * entry
+    return B * ((L - 1) * nonflush + flush) / L
+
+
+def m2_verify_bytes_baseline(B, NH, P, N, G, T, act=2):
+    """SSU verify: state read, T intermediate states written; scatter: one state read + write."""
+    st = m2_state_bytes(NH, P, N)
+    return B * ((3 + T) * st + act * T * (2 * NH * P + NH + 2 * G * N))
+
+
+M2_SHAPES = (("super", 128, 64, 128, 8), ("nano9b", 128, 80, 128, 8))
+
+
+def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES):
+    from sglang.kernels.ops.mamba.mamba_state_scatter_triton import fused_mamba_state_scatter_with_mask
+    from sglang.kernels.ops.mamba.triton_ops.mamba_ssm import selective_state_update
+
+    from replayssm_kernels import commit_prepare, decode_prepare
+    from replayssm_kernels.mamba2 import (
+        alloc_mamba2_rings,
+        mamba2_replay_decode,
+        mamba2_replay_fold,
+        mamba2_replay_verify,
+    )
+
+    dev, act = "cuda", torch.bfloat16
+    for name, NH, P, N, G in shapes:
+        A = -torch.rand(NH, device=dev) * 4 - 0.5
+        D = torch.randn(NH, device=dev)
+        dt_bias = torch.randn(NH, device=dev) - 2.0
+        A_e = A[:, None, None].expand(NH, P, N)
+        D_e = D[:, None].expand(NH, P)
+        dtb_e = dt_bias[:, None].expand(NH, P)
+        for Bsz in batches:
+            sets = n_sets(Bsz * m2_state_bytes(NH, P, N))
+            S = sets * Bsz
+            state = torch.randn(S, NH, P, N, device=dev) * 0.1
+            slots = [torch.arange(i * Bsz, (i + 1) * Bsz, dtype=torch.int32, device=dev) for i in range(sets)]
+            xs = [torch.randn(Bsz, NH, P, device=dev, dtype=act) for _ in range(sets)]
+            dts = [torch.randn(Bsz, NH, device=dev, dtype=act) for _ in range(sets)]
+            Bs = [torch.randn(Bsz, G, N, device=dev, dtype=act) for _ in range(sets)]
+            Cs = [torch.randn(Bsz, G, N, device=dev, dtype=act) for _ in range(sets)]
+            y = torch.empty(Bsz, NH, P, device=dev, dtype=act)
+            row = {"family": "mamba2", "shape": name, "NH": NH, "P": P, "N": N, "G": G, "B": Bsz, "L": L,
+                   "sets": sets}
+
+            def ssu():
+                for i in range(sets):
+                    selective_state_update(state, xs[i], dts[i][:, :, None].expand(Bsz, NH, P), A_e, Bs[i], Cs[i],
+                                           D_e, z=None, dt_bias=dtb_e, dt_softplus=True,
+                                           state_batch_indices=slots[i], out=y)
+            row["decode_ssu_us"] = time_graph(ssu, sets, reps)
+            rings_all = alloc_mamba2_rings(1, S, NH, P, G, N, L, act, dev)
+            rings = rings_all.layer(0)
+            wpos = torch.zeros(S, dtype=torch.int32, device=dev)
+            origin = torch.zeros(S, dtype=torch.int32, device=dev)
+            snaps = [[tuple(t.clone() for t in decode_prepare(slots[i], wpos, L)) for i in range(sets)]
+                     for _ in range(L)]
+
+            def ours_decode():
+                for j in range(L):
+                    for i in range(sets):
+                        mamba2_replay_decode(xs[i], dts[i], Bs[i], Cs[i], A, D, dt_bias, state, rings, slots[i],
+                                             snaps[j][i][0], snaps[j][i][1], origin, out=y)
+            row["decode_ours_us"] = time_graph(ours_decode, sets * L, reps)
+            del rings, rings_all
+            # spec
+            gen = torch.Generator().manual_seed(0)
+            n_steps = 16
+            accs = [torch.randint(1, T + 1, (Bsz,), generator=gen).to(dev, torch.int32) for _ in range(n_steps)]
+            xv = [torch.randn(Bsz, T, NH, P, device=dev, dtype=act) for _ in range(sets)]
+            dtv = [torch.randn(Bsz, T, NH, device=dev, dtype=act) for _ in range(sets)]
+            Bv = [torch.randn(Bsz, T, G, N, device=dev, dtype=act) for _ in range(sets)]
+            Cv = [torch.randn(Bsz, T, G, N, device=dev, dtype=act) for _ in range(sets)]
+            yv = torch.empty(Bsz, T, NH, P, device=dev, dtype=act)
+            inter = torch.empty(Bsz + 1, T, NH, P, N, device=dev)
+            inter_idx = torch.arange(Bsz, dtype=torch.int32, device=dev)
+            steps_idx = [(a - 1).to(torch.int64) for a in accs]
+
+            def stock_spec():
+                for t in range(n_steps):
+                    for i in range(sets):
+                        selective_state_update(
+                            state, xv[i], dtv[i][..., None].expand(Bsz, T, NH, P), A_e, Bv[i], Cv[i], D_e, z=None,
+                            dt_bias=dtb_e, dt_softplus=True, state_batch_indices=slots[i], out=yv,
+                            disable_state_update=True, intermediate_states_buffer=inter, cache_steps=T,
+                            intermediate_state_indices=inter_idx)
+                        fused_mamba_state_scatter_with_mask(state[None], inter[None], slots[i], steps_idx[t])
+            row["spec_stock_us"] = time_graph(stock_spec, sets * n_steps, reps)
+            del inter
+            rings_all = alloc_mamba2_rings(1, S, NH, P, G, N, L, act, dev)
+            rings = rings_all.layer(0)
+            wpos.zero_()
+            origin.zero_()
+            nf = torch.empty(Bsz, dtype=torch.int32, device=dev)
+            no = torch.empty(Bsz, dtype=torch.int32, device=dev)
+
+            def ours_spec():
+                for t in range(n_steps):
+                    for i in range(sets):
+                        mamba2_replay_verify(xv[i], dtv[i], Bv[i], Cv[i], A, D, dt_bias, state, rings, slots[i],
+                                             wpos, origin, out=yv)
+                        commit_prepare(slots[i], wpos, origin, accs[t], L, T, row_nfold=nf, row_origin=no)
+                        mamba2_replay_fold(state[None], rings_all, A[None], dt_bias[None], slots[i], nf, no)
+            row["spec_ours_us"] = time_graph(ours_spec, sets * n_steps, reps)
+            del rings, rings_all, state
+            torch.cuda.empty_cache()
+            row["decode_bytes_ssu"] = m2_decode_bytes_baseline(Bsz, NH, P, N, G)
+            row["decode_bytes_ours"] = m2_decode_bytes_ours(Bsz, NH, P, N, G, L)
+            row["spec_bytes_stock"] = m2_verify_bytes_baseline(Bsz, NH, P, N, G, T)
+            results.append(row)
+            print(json.dumps(row), flush=True)
+
+
+def m2_correctness_check():
+    """Quick on-GPU check before timing at the Nemotron-3-Super head shape: bit-exact committed
+    state after every decode step and commit, outputs within the baseline's error."""
+    t = _load_test_module("test_mamba2_kernels.py")
+    t.test_mamba2_decode(4, 128, 64, 8, 128, 16, torch.bfloat16, False, False, 34)
+    t.test_mamba2_verify_commit(4, 128, 64, 8, 128, 16, 4, torch.bfloat16, False, False, 20)
+
+
+def _load_test_module(name):
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "tests" / name
+    spec = importlib.util.spec_from_file_location("_t_" + name[:-3], path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 # --------------------------------------------------------------------------------------------
@@ -299,7 +466,12 @@ def print_table(results, bw):
                 f"{r['spec_stock_us'] / r['spec_ours_us']:.2f}",
                 f"{r['spec_stock_us'] / r['spec_fold_every_commit_us']:.2f}")))
         else:
-            print(r)
+            base, ours = r["decode_ssu_us"], r["decode_ours_us"]
+            gbs = r["decode_bytes_ours"] / (ours * 1e-6) / 1e9
+            print(" | ".join(str(x) for x in (
+                "mamba2", r["shape"], r["B"], f"{base:.1f}", f"{ours:.1f}", f"{base / ours:.2f}", f"{gbs:.0f}",
+                f"{100 * gbs / bw:.0f}", "-", f"{r['spec_stock_us']:.1f}", f"{r['spec_ours_us']:.1f}",
+                f"{r['spec_stock_us'] / r['spec_ours_us']:.2f}", "-")))
 
 
 def main(argv=None):
@@ -325,18 +497,23 @@ def main(argv=None):
     bw = copy_bandwidth()
     info["copy_GBps"] = bw
     results = []
-    if args.family in ("all", "gdn"):
-        if not args.skip_check:
+    L, T, reps = args.ring_len, args.draft_tokens, args.reps
+    if not args.skip_check:
+        if args.family in ("all", "gdn"):
             gdn_correctness_check()
             print("gdn correctness check on GPU: ok", flush=True)
-        run_gdn(batches, args.ring_len, args.draft_tokens, args.reps, args.sweep, results)
+        if args.family in ("all", "mamba2"):
+            m2_correctness_check()
+            print("mamba2 correctness check on GPU: ok", flush=True)
+    # Headline shapes first, so a run cut short still has them.
+    if args.family in ("all", "gdn"):
+        run_gdn(batches, L, T, reps, args.sweep, results, shapes=((16, 32),))
     if args.family in ("all", "mamba2"):
-        try:
-            from bench_mamba2 import run_mamba2  # noqa: F401  (added with the Mamba-2 kernels)
-        except ImportError:
-            run_mamba2 = None
-        if run_mamba2 is not None:
-            run_mamba2(batches, args.ring_len, args.draft_tokens, args.reps, args.sweep, results, args.skip_check)
+        run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES[:1])
+    if args.family in ("all", "gdn"):
+        run_gdn(batches, L, T, reps, args.sweep, results, shapes=((16, 64),))
+    if args.family in ("all", "mamba2"):
+        run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES[1:])
     info["elapsed_s"] = time.time() - t0
     if args.json:
         with open(args.json, "w") as f:
