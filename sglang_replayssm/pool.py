@@ -152,10 +152,11 @@ def _rings_from_fields(family: str, values: dict):
     return Mamba2Rings(**values)
 
 
-def _gdn_fold(state, rings, slot_idx, row_nfold, row_origin, dst=None, dst_idx=None):
+def _gdn_fold(state, rings, slot_idx, row_nfold, row_origin, dst=None, dst_idx=None, snap_at=None, snap_slot=None):
     from replayssm_kernels.gdn.fold import gdn_replay_fold
 
-    gdn_replay_fold(state, rings, slot_idx, row_nfold, row_origin, dst=dst, dst_idx=dst_idx)
+    gdn_replay_fold(state, rings, slot_idx, row_nfold, row_origin, dst=dst, dst_idx=dst_idx,
+                    snap_at=snap_at, snap_slot=snap_slot)
 
 
 # ------------------------------------------------------------------------------ the pool
@@ -372,7 +373,8 @@ class ReplaySSMMambaPool(MambaPool):
 
     def set_replayssm_fold(self, fn: FoldFn) -> None:
         """Register the exact fold used by `copy_from`:
-        `fn(state, rings, slot_idx, row_nfold, row_origin, dst=, dst_idx=)` with the signature of
+        `fn(state, rings, slot_idx, row_nfold, row_origin, dst=, dst_idx=, snap_at=, snap_slot=)` with the
+        signature of
         `replayssm_kernels.gdn.gdn_replay_fold` over all layers (`state` = temporal
         `[Lm, S, ...]`, `rings` = `replayssm_rings`). GDN has a default; the Mamba-2 backend must
         register one (its fold needs the layers' `A` and `dt_bias`; see
@@ -389,10 +391,12 @@ class ReplaySSMMambaPool(MambaPool):
             if tuple(t.shape) != (Lm, NH) or t.dtype != torch.float32 or t.stride(-1) != 1:
                 raise ValueError(f"{name} must be fp32 [{Lm}, {NH}] with unit head stride, got {tuple(t.shape)} {t.dtype}")
 
-        def fold(state, rings, slot_idx, row_nfold, row_origin, dst=None, dst_idx=None):
+        def fold(state, rings, slot_idx, row_nfold, row_origin, dst=None, dst_idx=None, snap_at=None,
+                 snap_slot=None):
             from replayssm_kernels.mamba2.fold import mamba2_replay_fold
 
-            mamba2_replay_fold(state, rings, A, dt_bias, slot_idx, row_nfold, row_origin, dst=dst, dst_idx=dst_idx)
+            mamba2_replay_fold(state, rings, A, dt_bias, slot_idx, row_nfold, row_origin, dst=dst, dst_idx=dst_idx,
+                               snap_at=snap_at, snap_slot=snap_slot)
 
         self.replayssm_fold_fn = fold
 

@@ -1,0 +1,76 @@
+"""Speculative commit under `--mamba-backend replayssm` (AROUND hooks, installed only then).
+
+After verify, SGLang calls `commit_mamba_states_after_verify` with the accepted count per request
+(bonus token included). ReplaySSM commits by moving cursors (`commit_prepare`) and, for the rows
+whose next window would not fit (or whose radix track boundary was crossed), folding the
+committed entries into the checkpoint with the exact fold, all layers in one launch. The state at
+the track boundary is stored into the request's track slot by that same fold. The conv state
+keeps SGLang's rollback (per-draft conv windows).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from replayssm_kernels import commit_prepare
+
+
+def _replayssm_pool(target_worker):
+    from sglang_replayssm.pool import ReplaySSMMambaPool
+
+    pool = getattr(target_worker.model_runner.req_to_token_pool, "mamba_pool", None)
+    return pool if isinstance(pool, ReplaySSMMambaPool) else None
+
+
+def commit_after_verify(original, target_worker, batch, accept_lens, accept_index, draft_token_num, *args, **kwargs):
+    pool = _replayssm_pool(target_worker)
+    if pool is None:
+        return original(target_worker, batch, accept_lens, accept_index, draft_token_num, *args, **kwargs)
+    if batch.forward_mode.is_idle() or accept_index.numel() == 0:
+        return None
+    from sglang.kernels.ops.mamba.mamba_state_scatter_triton import fused_conv_window_scatter_with_mask
+    from sglang.srt.speculative.spec_utils import _verify_commit_step_indices
+
+    req_pool = target_worker.model_runner.req_to_token_pool
+    slots = req_pool.get_mamba_indices(batch.req_pool_indices).to(torch.int32).contiguous()
+    last_step, steps_to_track = _verify_commit_step_indices(
+        batch=batch, accept_index=accept_index, accept_lens=accept_lens, draft_token_num=draft_token_num,
+    )
+    fold_window = snap_at = snap_slot = None
+    if steps_to_track is not None:
+        # The state after window step s is the one the radix cache keeps: fold at least through
+        # it and snapshot it into the track slot on the way.
+        wp_before = pool.replayssm_wpos[slots.long().clamp(min=0)]
+        tracked = steps_to_track >= 0
+        fold_window = torch.where(tracked, steps_to_track + 1, 0).to(torch.int32).contiguous()
+        snap_at = torch.where(tracked, wp_before + steps_to_track + 1, -1).to(torch.int32).contiguous()
+        snap_slot = torch.where(tracked, batch.mamba_track_indices, -1).to(torch.int32).contiguous()
+    n_fold, origin = commit_prepare(
+        slots, pool.replayssm_wpos, pool.replayssm_origin, accept_lens.to(torch.int32).contiguous(),
+        pool.replayssm_ring_len, draft_token_num, fold_window=fold_window,
+    )
+    pool.replayssm_fold_fn(pool.mamba_cache.temporal, pool.replayssm_rings, slots, n_fold, origin,
+                           snap_at=snap_at, snap_slot=snap_slot)
+    cache = pool.mamba_cache
+    for conv, windows in zip(cache.conv, cache.intermediate_conv_window):
+        fused_conv_window_scatter_with_mask(conv, windows, slots, last_step)
+        if steps_to_track is not None:
+            fused_conv_window_scatter_with_mask(conv, windows, batch.mamba_track_indices, steps_to_track)
+    return None
+
+
+def update_mamba_state_after_mtp_verify(original, self, *args, **kwargs):
+    """Reached only by commit paths that bypass `commit_mamba_states_after_verify` (DFlash,
+    DSpark); with ReplaySSM there is no per-draft state to scatter, so refuse loudly."""
+    from sglang_replayssm.pool import ReplaySSMMambaPool
+
+    pool = getattr(getattr(self, "linear_attn_backend", None), "req_to_token_pool", None)
+    pool = getattr(pool, "mamba_pool", None)
+    if isinstance(pool, ReplaySSMMambaPool):
+        raise RuntimeError(
+            "--mamba-backend replayssm supports EAGLE/NEXTN linear-chain speculative decoding only; "
+            "this speculative algorithm commits through update_mamba_state_after_mtp_verify, which "
+            "needs per-draft states. Use --speculative-algorithm NEXTN (or EAGLE) with "
+            "--speculative-eagle-topk 1."
+        )
+    return original(self, *args, **kwargs)

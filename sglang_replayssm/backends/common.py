@@ -1,0 +1,124 @@
+"""Per-batch ReplaySSM bookkeeping shared by the GDN and Mamba-2 attention backends.
+
+All host work happens here, once per forward batch and outside CUDA-graph capture; the per-layer
+kernels only read what this step prepared (docs/design.md):
+
+* decode batch: `decode_prepare` snapshots each row's cursor into per-row buffers (static
+  per-batch-size buffers under CUDA graphs, refreshed in place before every replay) and advances
+  the slot cursors; rows whose state the radix cache snapshots this step (`mamba_track_mask`) are
+  forced to flush, so the checkpoint it copies is current;
+* target verify: nothing (the verify kernels read the slot cursors; commit moves them);
+* extend / prefill / mixed batches: every row's pending entries are folded into its checkpoint
+  (exact fold, all layers) and its ring emptied, so SGLang's chunked kernels start from the
+  committed state. Rows without pending entries cost nothing.
+
+No `.item()`, no host sync, no data-dependent allocation on any of these paths.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+
+from replayssm_kernels import decode_prepare, pending_fold_plan, reset_cursors
+
+logger = logging.getLogger("sglang_replayssm")
+
+
+def replayssm_pool_of(model_runner, family: str):
+    """The ReplaySSM pool of this runner if it serves `family`, else None (stock path)."""
+    from sglang_replayssm.pool import ReplaySSMMambaPool
+
+    pool = getattr(getattr(model_runner, "req_to_token_pool", None), "mamba_pool", None)
+    if isinstance(pool, ReplaySSMMambaPool):
+        if pool.replayssm_family != family:
+            raise RuntimeError(
+                f"--mamba-backend replayssm: a {family} attention backend was built on a "
+                f"{pool.replayssm_family} ReplaySSM pool"
+            )
+        return pool
+    return None
+
+
+class ReplaySSMBatchState:
+    """Row snapshots of the current batch and the static buffers that back them in graphs."""
+
+    def __init__(self, pool, device):
+        self.pool = pool
+        self.device = device
+        self.ring_len = pool.replayssm_ring_len
+        self.row_wp: Optional[torch.Tensor] = None
+        self.row_flush: Optional[torch.Tensor] = None
+        self._static_wp: Optional[torch.Tensor] = None
+        self._static_flush: Optional[torch.Tensor] = None
+        self._exact_rows: dict = {}
+        logged = getattr(pool, "_replayssm_backend_logged", False)
+        if not logged:
+            pool._replayssm_backend_logged = True
+            logger.info(
+                "sglang-replayssm: %s layers run ReplaySSM (ring_len=%d): decode and target verify "
+                "on the ring kernels, prefill/extend on SGLang's chunked kernels.",
+                pool.replayssm_family, self.ring_len,
+            )
+
+    def init_graph_buffers(self, max_bs: int) -> None:
+        self._static_wp = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
+        self._static_flush = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
+
+    def exact_rows(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Snapshots that make `n` rows run the exact (flush) path on an empty ring: used for the
+        decode rows of mixed prefill+decode batches, whose rings were just folded."""
+        if n not in self._exact_rows:
+            self._exact_rows[n] = (
+                torch.zeros(n, dtype=torch.int32, device=self.device),
+                torch.ones(n, dtype=torch.int32, device=self.device),
+            )
+        return self._exact_rows[n]
+
+    def prepare(self, forward_batch, slots: torch.Tensor, graph: bool, in_capture: bool) -> None:
+        mode = forward_batch.forward_mode
+        if mode.is_decode_or_idle():
+            bs = slots.shape[0]
+            if graph:
+                if self._static_wp is None or self._static_wp.shape[0] < bs:
+                    raise RuntimeError("ReplaySSM: CUDA-graph buffers not initialised for this batch size")
+                row_wp, row_flush = self._static_wp[:bs], self._static_flush[:bs]
+            else:
+                row_wp = torch.empty(bs, dtype=torch.int32, device=self.device)
+                row_flush = torch.empty(bs, dtype=torch.int32, device=self.device)
+            if in_capture:
+                # Capture runs on dummy rows: never touch the real cursors.
+                row_wp.zero_()
+                row_flush.zero_()
+            else:
+                force = getattr(forward_batch, "mamba_track_mask", None)
+                if force is not None:
+                    force = force[:bs]
+                    if force.shape[0] < bs:
+                        force = torch.cat([force, force.new_zeros(bs - force.shape[0])])
+                    force = force.to(torch.int32).contiguous()
+                decode_prepare(
+                    slots.contiguous(), self.pool.replayssm_wpos, self.ring_len, force_flush=force,
+                    row_wp=row_wp, row_flush=row_flush,
+                )
+            self.row_wp, self.row_flush = row_wp, row_flush
+        elif mode.is_target_verify():
+            self.row_wp = self.row_flush = None
+        elif mode.is_extend(include_draft_extend_v2=True) and not mode.is_draft_extend_v2():
+            if not in_capture:
+                self.materialize(slots)
+            self.row_wp = self.row_flush = None
+
+    def materialize(self, slots: torch.Tensor) -> None:
+        """Fold every pending entry of these slots into their checkpoints and empty the rings."""
+        pool = self.pool
+        if slots.numel() == 0:
+            return
+        slots = slots.to(torch.int32).contiguous()
+        n, org = pending_fold_plan(slots, pool.replayssm_wpos, pool.replayssm_origin)
+        if pool.replayssm_fold_fn is None:
+            raise RuntimeError("ReplaySSM: no exact fold registered on the pool")
+        pool.replayssm_fold_fn(pool.mamba_cache.temporal, pool.replayssm_rings, slots, n, org)
+        reset_cursors(slots, pool.replayssm_wpos, pool.replayssm_origin)

@@ -1,0 +1,103 @@
+"""`ReplaySSMGDNAttnBackend`: SGLang's GDN backend with ReplaySSM decode and target verify.
+
+Installed in place of `gdn_backend.GDNAttnBackend` (class REPLACE) only in processes serving
+`--mamba-backend replayssm`. Without a ReplaySSM pool every method is the parent's.
+
+* decode: causal conv update (SGLang's), then `gdn_replay_decode` on the layer's rings;
+* target verify: causal conv update with SGLang's per-draft conv windows (conv rollback is
+  unchanged), then `gdn_replay_verify`; no `intermediate_ssm`;
+* prefill / extend: SGLang's chunked kernels, after the batch's pending entries are folded
+  (`ReplaySSMBatchState.prepare`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglang.kernels.ops.mamba.causal_conv1d_triton import causal_conv1d_update
+from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+
+from replayssm_kernels.gdn import gdn_replay_decode, gdn_replay_verify
+from sglang_replayssm.backends.common import ReplaySSMBatchState, replayssm_pool_of
+
+
+class ReplaySSMGDNAttnBackend(GDNAttnBackend):
+    def __init__(self, model_runner):
+        super().__init__(model_runner)
+        pool = replayssm_pool_of(model_runner, "gdn")
+        self._rssm = ReplaySSMBatchState(pool, self.device) if pool is not None else None
+
+    # -- metadata ------------------------------------------------------------------------------
+    def init_forward_metadata(self, forward_batch):
+        super().init_forward_metadata(forward_batch)
+        if self._rssm is not None:
+            self._rssm.prepare(forward_batch, self.forward_metadata.mamba_cache_indices, graph=False, in_capture=False)
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
+        if self._rssm is not None:
+            self._rssm.prepare(forward_batch, self.forward_metadata.mamba_cache_indices, graph=True,
+                               in_capture=in_capture)
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        super().init_cuda_graph_state(max_bs, max_num_tokens)
+        if self._rssm is not None:
+            self._rssm.init_graph_buffers(max_bs)
+
+    # -- layers --------------------------------------------------------------------------------
+    def _layer(self, layer_id: int):
+        cache = self.req_to_token_pool.mamba2_layer_cache(layer_id)
+        rings = self._rssm.pool.replayssm_layer_rings[self.req_to_token_pool.mamba_map[layer_id]]
+        return cache, rings
+
+    def forward_decode(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
+        if self._rssm is None:
+            return super().forward_decode(layer, forward_batch, mixed_qkv, a, b, **kwargs)
+        cache, rings = self._layer(layer.layer_id)
+        conv_states, ssm_states = cache.conv[0], cache.temporal
+        cache_indices = self.forward_metadata.mamba_cache_indices
+        mixed_qkv = causal_conv1d_update(
+            mixed_qkv, conv_states, layer.conv_weights, layer.bias, layer.activation,
+            conv_state_indices=cache_indices,
+        )
+        bs = mixed_qkv.shape[0]
+        H, HV, K, V = layer.num_k_heads, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim
+        q = mixed_qkv[:, : layer.q_dim].view(bs, H, K)
+        k = mixed_qkv[:, layer.q_dim: layer.q_dim + layer.k_dim].view(bs, H, K)
+        v = mixed_qkv[:, layer.q_dim + layer.k_dim:].view(bs, HV, V)
+        out = gdn_replay_decode(
+            q, k, v, a.reshape(bs, HV), b.reshape(bs, HV), layer.A_log, layer.dt_bias, ssm_states, rings,
+            cache_indices, self._rssm.row_wp, self._rssm.row_flush, self._rssm.pool.replayssm_origin,
+            scale=K ** -0.5,
+        )
+        self._track_mamba_state_decode(forward_batch, conv_states, ssm_states, cache_indices, layer.layer_id)
+        return out
+
+    def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
+        if self._rssm is None or not forward_batch.forward_mode.is_target_verify():
+            return super().forward_extend(layer, forward_batch, mixed_qkv, a, b, **kwargs)
+        if self.forward_metadata.retrieve_parent_token is not None:
+            raise RuntimeError("--mamba-backend replayssm verifies linear draft chains only (topk 1)")
+        cache, rings = self._layer(layer.layer_id)
+        conv_states, ssm_states = cache.conv[0], cache.temporal
+        cache_indices = self.forward_metadata.mamba_cache_indices
+        seq_len = mixed_qkv.shape[0]
+        T = forward_batch.spec_info.draft_token_num
+        bs = seq_len // T
+        processed = causal_conv1d_update(
+            mixed_qkv.view(bs, T, -1).transpose(1, 2), conv_states, layer.conv_weights, layer.bias,
+            layer.activation, conv_state_indices=cache_indices[:bs],
+            intermediate_conv_window=cache.intermediate_conv_window[0],
+            intermediate_state_indices=self.verify_intermediate_state_indices[:bs],
+        )
+        mixed_qkv = processed.transpose(1, 2).reshape(bs, T, -1)
+        H, HV, K, V = layer.num_k_heads, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim
+        q = mixed_qkv[..., : layer.q_dim].view(bs, T, H, K)
+        k = mixed_qkv[..., layer.q_dim: layer.q_dim + layer.k_dim].view(bs, T, H, K)
+        v = mixed_qkv[..., layer.q_dim + layer.k_dim:].view(bs, T, HV, V)
+        out = gdn_replay_verify(
+            q, k, v, a.reshape(bs, T, HV), b.reshape(bs, T, HV), layer.A_log, layer.dt_bias, ssm_states, rings,
+            cache_indices[:bs], self._rssm.pool.replayssm_wpos, self._rssm.pool.replayssm_origin,
+            scale=K ** -0.5,
+        )
+        return out.view(1, seq_len, HV, V)
