@@ -40,6 +40,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -439,11 +440,14 @@ def _cleanup(*_):
     _LIVE.clear()
 
 
-def run_server(run: ServerRun, payload: dict, host: str, startup_timeout: float, request_timeout: float,
-               env: dict, end_time: float | None = None) -> ServerRun:
-    """Start, wait until ready, send the batch, shut down. Fills ``run`` in place.
+@contextmanager
+def launched_server(run: ServerRun, host: str, startup_timeout: float, env: dict,
+                    end_time: float | None = None, ready_note: str = ""):
+    """Start ``run.cmd`` in its own session (output to ``run.log_path``) and wait until it is ready.
 
-    ``end_time`` (time.time() scale) caps both waits, leaving ~20 s to stop the server."""
+    Yields the Popen. When the server did not become ready, ``run.error`` is set (and
+    ``run.startup_s`` stays None) before the yield. On exit the whole process group is stopped.
+    ``end_time`` (time.time() scale) caps the wait, leaving ~20 s to stop the server."""
     Path(run.log_path).parent.mkdir(parents=True, exist_ok=True)
     print(f"[{run.name}] {shlex.join(run.cmd)}", flush=True)
     t0 = time.time()
@@ -458,24 +462,41 @@ def run_server(run: ServerRun, payload: dict, host: str, startup_timeout: float,
         while True:
             if proc.poll() is not None:
                 run.error = f"server exited with code {proc.returncode} before it was ready"
-                return run
+                break
             if time.time() - t0 > startup_timeout:
                 run.error = f"not ready after {startup_timeout:.0f} s"
-                return run
+                break
             if end_time is not None and time.time() > end_time - 20:
                 run.error = f"not ready after {time.time() - t0:.0f} s (time budget used up)"
-                return run
+                break
             if READY_MARKER in _read(run.log_path):
                 try:
                     status, _ = _http_json(base + "/health", timeout=5)
                     if status == 200:
+                        run.startup_s = time.time() - t0
+                        print(f"[{run.name}] ready after {run.startup_s:.0f} s{ready_note}", flush=True)
                         break
                 except (urllib.error.URLError, OSError, ValueError):
                     pass
             time.sleep(0.25)
-        run.startup_s = time.time() - t0
-        print(f"[{run.name}] ready after {run.startup_s:.0f} s; sending {len(payload['input_ids'])} prompts",
-              flush=True)
+        yield proc
+    finally:
+        _kill_group(proc)
+        if proc in _LIVE:
+            _LIVE.remove(proc)
+        print(f"[{run.name}] stopped ({'served' if run.served else run.error})", flush=True)
+
+
+def run_server(run: ServerRun, payload: dict, host: str, startup_timeout: float, request_timeout: float,
+               env: dict, end_time: float | None = None) -> ServerRun:
+    """Start, wait until ready, send the batch, shut down. Fills ``run`` in place.
+
+    ``end_time`` (time.time() scale) caps both waits, leaving ~20 s to stop the server."""
+    base = f"http://{host}:{run.port}"
+    note = f"; sending {len(payload['input_ids'])} prompts"
+    with launched_server(run, host, startup_timeout, env, end_time, ready_note=note):
+        if run.error:
+            return run
         t1 = time.time()
         timeout = request_timeout if end_time is None else max(5.0, min(request_timeout, end_time - 20 - t1))
         try:
@@ -495,11 +516,6 @@ def run_server(run: ServerRun, payload: dict, host: str, startup_timeout: float,
         run.output_tokens = sum(len(o["ids"]) for o in run.outputs)
         run.served = True
         return run
-    finally:
-        _kill_group(proc)
-        if proc in _LIVE:
-            _LIVE.remove(proc)
-        print(f"[{run.name}] stopped ({'served' if run.served else run.error})", flush=True)
 
 
 # ----------------------------------------------------------------------------------------------
