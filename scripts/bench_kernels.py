@@ -108,6 +108,10 @@ def gdn_verify_bytes_baseline(B, H, HV, K, V, T, act=2):
 # (BV, num_warps, num_stages, use_dot) of the GDN verify kernel timed in every run; the first GPU
 # run (2026-11-30) had 32x2x2 (warp reductions) best among the non-dot configs.
 VERIFY_CONFIGS = ((32, 2, 2, 0), (32, 1, 2, 1), (64, 4, 2, 1))
+# GDN decode launch plans (configs.GDNDecodeConfig: split, block_v, warps, stages, flush_cols, dot,
+# evict_first). The first is the default; run 2 (2026-11-30) measured it at 0.94x of packed decode.
+DECODE_CONFIGS = ((0, 32, 1, 3, 32, 0, 0), (0, 32, 1, 3, 8, 0, 1), (1, 32, 1, 3, 8, 0, 1),
+                  (1, 64, 4, 2, 8, 0, 1), (1, 128, 4, 2, 8, 0, 1), (1, 64, 2, 2, 8, 1, 1))
 VERIFY_SWEEP = ((32, 1, 2, 0), (64, 2, 2, 1), (32, 4, 2, 1), (128, 4, 2, 1))
 
 
@@ -183,10 +187,12 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
                         q, k, v = split(mixed[i])
                         gdn_replay_decode(q, k, v, av[i], bv[i], A_log, dt_bias, state, rings, slots[i],
                                           snaps[j][i][0], snaps[j][i][1], origin, out=o2)
-            for dot in (0, 1):
-                with override("gdn_decode_dot", (dot,)):
-                    row[f"decode_ours_dot{dot}_us"] = time_graph(ours_decode, sets * L, reps)
-            row["decode_ours_us"] = min(row["decode_ours_dot0_us"], row["decode_ours_dot1_us"])
+            for cfg in DECODE_CONFIGS:
+                with override("gdn_decode", cfg):
+                    row["decode_ours_us_" + "x".join(map(str, cfg))] = time_graph(ours_decode, sets * L, reps)
+            best = min(DECODE_CONFIGS, key=lambda c: row["decode_ours_us_" + "x".join(map(str, c))])
+            row["decode_ours_cfg"] = "x".join(map(str, best))
+            row["decode_ours_us"] = row["decode_ours_us_" + row["decode_ours_cfg"]]
 
             def prep():
                 for i in range(sets):
@@ -284,8 +290,8 @@ def gdn_correctness_check():
 
     from replayssm_kernels.configs import override
 
-    for dot in (0, 1):
-        with override("gdn_decode_dot", (dot,)):
+    for cfg in DECODE_CONFIGS:
+        with override("gdn_decode", cfg):
             t.test_gdn_decode(2, 16, 32, 128, 128, 16, torch.bfloat16, 34, "cuda", check)
             t.test_gdn_decode(2, 4, 8, 128, 128, 16, torch.float32, 20, "cuda", check)
     for cfg in VERIFY_CONFIGS:
@@ -467,7 +473,7 @@ def print_table(results, bw):
             base, ours = r["decode_packed_us"], r["decode_ours_us"]
             gbs = r["decode_bytes_ours"] / (ours * 1e-6) / 1e9
             print(" | ".join(str(x) for x in (
-                "gdn", shape, r["B"], f"{base:.1f}", f"{ours:.1f}", f"{base / ours:.2f}", f"{gbs:.0f}",
+                "gdn", shape + " " + r.get("decode_ours_cfg", ""), r["B"], f"{base:.1f}", f"{ours:.1f}", f"{base / ours:.2f}", f"{gbs:.0f}",
                 f"{100 * gbs / bw:.0f}", f"{base / r['decode_intree_us']:.2f}",
                 f"{r['spec_stock_us']:.1f}", f"{r['spec_ours_us']:.1f}",
                 f"{r['spec_stock_us'] / r['spec_ours_us']:.2f}",

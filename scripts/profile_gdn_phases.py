@@ -18,7 +18,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_kernels import time_graph  # noqa: E402
+from bench_kernels import DECODE_CONFIGS, time_graph  # noqa: E402
 
 
 def main():
@@ -72,18 +72,19 @@ def main():
         initial_state_indices=slots, use_qk_l2norm_in_kernel=True))
     del st2
     o2 = torch.empty(B, HV, V, device=dev, dtype=act)
-    for dot in (0, 1):
-        with override("gdn_decode_dot", (dot,)):
+    for cfg in DECODE_CONFIGS:
+        name = "x".join(map(str, cfg))
+        with override("gdn_decode", cfg):
             for wp in (0, 8, 15):
                 row_wp = torch.full((B,), wp, dtype=torch.int32, device=dev)
                 row_fl = torch.zeros(B, dtype=torch.int32, device=dev)
-                t(f"ours_decode_nonflush_dot{dot}_wp{wp}", lambda: gdn_replay_decode(
+                t(f"decode_nonflush_{name}_wp{wp}", lambda: gdn_replay_decode(
                     q, k, v, a, b, A_log, dt_bias, state, rings, slots, row_wp, row_fl, origin, out=o2))
-    for wp in (0, 15):
-        row_wp = torch.full((B,), wp, dtype=torch.int32, device=dev)
-        row_fl = torch.ones(B, dtype=torch.int32, device=dev)
-        t(f"ours_decode_flush_wp{wp}", lambda: gdn_replay_decode(
-            q, k, v, a, b, A_log, dt_bias, state, rings, slots, row_wp, row_fl, origin, out=o2))
+            for wp in (0, 15):
+                row_wp = torch.full((B,), wp, dtype=torch.int32, device=dev)
+                row_fl = torch.ones(B, dtype=torch.int32, device=dev)
+                t(f"decode_flush_{name}_wp{wp}", lambda: gdn_replay_decode(
+                    q, k, v, a, b, A_log, dt_bias, state, rings, slots, row_wp, row_fl, origin, out=o2))
     for n in (4, 15):
         nf = torch.full((B,), n, dtype=torch.int32, device=dev)
         t(f"ours_fold_n{n}", lambda: gdn_replay_fold(state, rings, slots, nf, origin))

@@ -89,6 +89,19 @@ def test_gdn_decode(B, H, HV, K, V, L, dtype, steps, device, assert_within_basel
     assert not pool[0].any() and not pool[-1].any(), "spare slots were written"
 
 
+@pytest.mark.parametrize("cfg", [
+    pytest.param((0, 32, 1, 3, 8, 0, 0), id="fused-flushcols8"),
+    pytest.param((1, 64, 4, 2, 16, 0, 1), id="split-bv64-w4-evict"),
+    pytest.param((1, 128, 4, 2, 32, 1, 0), id="split-bv128-w4-dot"),
+])
+def test_gdn_decode_launch_variants(cfg, device, assert_within_baseline):
+    """Every launch plan of configs.GDNDecodeConfig keeps the committed state bit-exact."""
+    from replayssm_kernels.configs import override
+
+    with override("gdn_decode", cfg):
+        test_gdn_decode(2, 1, 2, 32, 40, 4, bf16, 9, device, assert_within_baseline)
+
+
 VERIFY_CASES = [
     # B, H, HV, K, V, L, T_max, dtype, steps
     pytest.param(3, 2, 4, 32, 16, 1, 1, bf16, 6, id="B3-L1-T1-bf16"),

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
 
 _OVERRIDES: dict[str, tuple[int, int, int]] = {}
 
 
 def _env_overrides() -> None:
-    """`REPLAYSSM_CONFIG="gdn_verify=64x4x2x1,gdn_decode_dot=1"` (for sweeps and GPU tests)."""
+    """`REPLAYSSM_CONFIG="gdn_verify=64x4x2x1,gdn_decode=1x64x4x2x8x0x1"` (sweeps and GPU tests)."""
     for item in filter(None, os.environ.get("REPLAYSSM_CONFIG", "").split(",")):
         name, _, val = item.partition("=")
         _OVERRIDES[name.strip()] = tuple(int(x) for x in val.split("x"))
@@ -29,11 +30,37 @@ def gdn_verify_config(K: int, V: int, T: int) -> tuple[int, int, int, bool]:
     return (32, 1, 2, False)
 
 
-def gdn_decode_use_dot() -> bool:
-    """Output-only decode branch on tensor cores (tf32x3) instead of warp reductions."""
-    if "gdn_decode_dot" in _OVERRIDES:
-        return bool(_OVERRIDES["gdn_decode_dot"][0])
-    return False
+@dataclass(frozen=True)
+class GDNDecodeConfig:
+    """Launch plan of the GDN decode kernel.
+
+    split: run flush rows and non-flush rows as two launches (flush first), so the non-flush
+        launch gets its own tile (`block_v` columns of V, `num_warps`) and register budget; the
+        flush launch always uses the baseline's tile (32 columns, one warp).
+    flush_cols: V columns replayed at a time by the exact (flush) path (divides 32).
+    use_dot: non-flush products on tensor cores (tf32x3) instead of warp reductions.
+    evict_first: stream the checkpoint through L2 on non-flush rows.
+    """
+
+    split: bool = False
+    block_v: int = 32
+    num_warps: int = 1
+    num_stages: int = 3
+    flush_cols: int = 32
+    use_dot: bool = False
+    evict_first: bool = False
+
+
+# Default measured on one H200 (2026-11-30, docs/perf.md): fused, 32 columns, one warp, warp
+# reductions (the tf32x3 variant was 1.4-1.5x slower there).
+_GDN_DECODE_DEFAULT = GDNDecodeConfig()
+
+
+def gdn_decode_config(K: int, V: int) -> GDNDecodeConfig:
+    if "gdn_decode" in _OVERRIDES:
+        split, bv, warps, stages, fcols, dot, evict = _OVERRIDES["gdn_decode"]
+        return GDNDecodeConfig(bool(split), bv, warps, stages, fcols, bool(dot), bool(evict))
+    return _GDN_DECODE_DEFAULT
 
 
 _env_overrides()

@@ -23,13 +23,119 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import gdn_decode_use_dot
+from ..configs import gdn_decode_config
 from .common import gdn_exact_step, gdn_gate, gdn_l2norm
 from .rings import GDNRings, check_gdn_rings
 
-# The exact-recurrence branch must use the baseline kernel's tile: BV <= 32, one warp.
-_BV_MAX = 32
+# The exact-recurrence (flush) branch must use the baseline kernel's tile: K whole on axis 0, one
+# warp, 4 consecutive K per thread; its V extent (BVF) does not change any column's reduction.
+_BV_EXACT = 32
 _NUM_WARPS = 1
+
+# PHASE: 0 = one launch for all rows; 1 = non-flush rows only; 2 = flush rows only (split mode runs
+# 2 then 1, so the non-flush launch gets its own tile, warps and register budget).
+_FUSED, _NONFLUSH, _FLUSH = 0, 1, 2
+
+
+@triton.jit
+def _decode_flush(
+    p_hs, p_vin, p_o, p_rk, p_rv, p_rg, p_rb, b_q, b_k, b_g, b_beta, wp, org, i_v, scale,
+    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr,
+    RL: tl.constexpr,
+):
+    """Exact replay of the pending raw entries, then of this token, then the baseline's readout;
+    one BVF-column sub-tile at a time (per-column arithmetic is independent of BVF)."""
+    o_k = tl.arange(0, BK)
+    mask_k = o_k < K
+    b_q = gdn_l2norm(b_q)
+    b_q = b_q * scale
+    for i_f in tl.static_range(BV // BVF):
+        o_v = i_v * BV + i_f * BVF + tl.arange(0, BVF)
+        mask_v = o_v < V
+        mask_h = mask_k[:, None] & mask_v[None, :]
+        p_h = p_hs + o_v[None, :] * K + o_k[:, None]
+        b_h = tl.load(p_h, mask=mask_h, other=0).to(tl.float32)
+        for j in range(0, wp):
+            phys = (org + j) % RL
+            b_rk = tl.load(p_rk + phys * K + o_k, mask=mask_k, other=0).to(tl.float32)
+            b_rv = tl.load(p_rv + phys * V + o_v, mask=mask_v, other=0).to(tl.float32)
+            b_rg = tl.load(p_rg + phys)
+            b_rb = tl.load(p_rb + phys)
+            b_h, b_rk = gdn_exact_step(b_h, b_rk, b_rv, b_rg, b_rb)
+        b_v = tl.load(p_vin + o_v, mask=mask_v, other=0).to(tl.float32)
+        b_h, b_kn = gdn_exact_step(b_h, b_k, b_v, b_g, b_beta)
+        b_o = tl.sum(b_h * b_q[:, None], 0)
+        tl.store(p_o + o_v, b_o.to(p_o.dtype.element_ty), mask=mask_v)
+        tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_h)
+
+
+@triton.jit
+def _decode_nonflush(
+    p_hs, p_vin, p_o, ring_d, ring_k, ring_g, ring_rawv, ring_rawk, ring_beta,
+    b_q, b_k, b_k_raw, b_g, b_beta, wp, org, slot, i_v, i_h, i_hv, scale,
+    stride_d_slot, stride_k_slot, stride_g_slot, stride_rawv_slot, stride_rawk_slot, stride_beta_slot,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr, USE_DOT: tl.constexpr, EVICT: tl.constexpr,
+):
+    """Output from checkpoint + pending entries by inner products; append this token."""
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mask_k = o_k < K
+    mask_v = o_v < V
+    b_v_raw = tl.load(p_vin + o_v, mask=mask_v, other=0)
+    b_v = b_v_raw.to(tl.float32)
+    b_q = gdn_l2norm(b_q)
+    b_k = gdn_l2norm(b_k)
+    b_q = b_q * scale
+    o_j = tl.arange(0, RLB)
+    m_j = o_j < wp
+    phys_j = (org + o_j) % RL
+    b_gr = tl.load(ring_g + slot * stride_g_slot + i_hv * RL + phys_j, mask=m_j, other=0)
+    b_kr = tl.load(
+        ring_k + slot * stride_k_slot + (i_h * RL + phys_j)[:, None] * K + o_k[None, :],
+        mask=m_j[:, None] & mask_k[None, :], other=0,
+    ).to(tl.float32)
+    b_ur = tl.load(
+        ring_d + slot * stride_d_slot + (i_hv * RL + phys_j)[:, None] * V + o_v[None, :],
+        mask=m_j[:, None] & mask_v[None, :], other=0,
+    ).to(tl.float32)
+    b_gtot = tl.sum(b_gr, 0)
+    b_w = tl.where(m_j, tl.exp(b_gtot - tl.cumsum(b_gr, 0)), 0.0)
+    b_dec = tl.exp(b_gtot)
+    if USE_DOT:
+        # Probe matrix P = [k | q | 0 ...] and S_c P = dec S0 P + U^T (w * (K_ring P)).
+        o_c = tl.arange(0, 16)
+        b_p = tl.where(o_c[None, :] == 0, b_k[:, None], tl.where(o_c[None, :] == 1, b_q[:, None], 0.0))
+        b_hv = tl.load(p_hs + o_v[:, None] * K + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :], other=0,
+                       eviction_policy="evict_first" if EVICT else "")
+        b_sp = tl.dot(b_hv, b_p, input_precision="tf32x3")
+        b_kp = tl.dot(b_kr, b_p, input_precision="tf32x3") * b_w[:, None]
+        b_sp = b_dec * b_sp + tl.dot(tl.trans(b_ur), b_kp, input_precision="tf32x3")
+        b_hk = tl.sum(tl.where(o_c[None, :] == 0, b_sp, 0.0), 1)
+        b_hq = tl.sum(tl.where(o_c[None, :] == 1, b_sp, 0.0), 1)
+    else:
+        b_ht = tl.load(p_hs + o_v[None, :] * K + o_k[:, None], mask=mask_k[:, None] & mask_v[None, :], other=0,
+                       eviction_policy="evict_first" if EVICT else "")
+        b_kk = tl.sum(b_kr * b_k[None, :], 1) * b_w
+        b_kq = tl.sum(b_kr * b_q[None, :], 1) * b_w
+        b_hk = b_dec * tl.sum(b_ht * b_k[:, None], 0) + tl.sum(b_ur * b_kk[:, None], 0)
+        b_hq = b_dec * tl.sum(b_ht * b_q[:, None], 0) + tl.sum(b_ur * b_kq[:, None], 0)
+    b_alpha = tl.exp(b_g)
+    b_u = b_beta * (b_v - b_alpha * b_hk)
+    b_o = b_alpha * b_hq + b_u * tl.sum(b_k * b_q)
+    tl.store(p_o + o_v, b_o.to(p_o.dtype.element_ty), mask=mask_v)
+    # Append this token at logical position wp.
+    phys = (org + wp) % RL
+    tl.store(ring_d + slot * stride_d_slot + (i_hv * RL + phys) * V + o_v, b_u.to(ring_d.dtype.element_ty),
+             mask=mask_v)
+    tl.store(ring_rawv + slot * stride_rawv_slot + (i_hv * RL + phys) * V + o_v, b_v_raw, mask=mask_v)
+    if i_v == 0:
+        tl.store(ring_g + slot * stride_g_slot + i_hv * RL + phys, b_g)
+        tl.store(ring_beta + slot * stride_beta_slot + i_hv * RL + phys, b_beta)
+        if i_hv % (HV // H) == 0:
+            tl.store(ring_k + slot * stride_k_slot + (i_h * RL + phys) * K + o_k, b_k.to(ring_k.dtype.element_ty),
+                     mask=mask_k)
+            tl.store(ring_rawk + slot * stride_rawk_slot + (i_h * RL + phys) * K + o_k, b_k_raw, mask=mask_k)
 
 
 @triton.jit(do_not_specialize=["B"])
@@ -43,7 +149,8 @@ def _gdn_decode_kernel(
     stride_state_slot, stride_d_slot, stride_k_slot, stride_g_slot,
     stride_rawv_slot, stride_rawk_slot, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr, USE_DOT: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
+    USE_DOT: tl.constexpr, EVICT: tl.constexpr, PHASE: tl.constexpr,
 ):
     NV = (V + BV - 1) // BV
     i_v, i_nh = tl.program_id(0) % NV, tl.program_id(0) // NV
@@ -53,110 +160,46 @@ def _gdn_decode_kernel(
     slot = tl.load(slot_idx + i_n).to(tl.int64)
     if slot < 0:
         return
-    wp = tl.load(row_wp + i_n)
     flush = tl.load(row_flush + i_n)
+    if PHASE == 1:
+        if flush != 0:
+            return
+    if PHASE == 2:
+        if flush == 0:
+            return
+    wp = tl.load(row_wp + i_n)
     org = tl.load(origin + slot)
 
     o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
     mask_k = o_k < K
-    mask_v = o_v < V
-    mask_h = mask_k[:, None] & mask_v[None, :]
-
     p_hs = state + slot * stride_state_slot + i_hv * K * V
-
-    p_q = q + i_n * stride_q_tok + i_h * K + o_k
-    p_k = k + i_n * stride_k_tok + i_h * K + o_k
-    p_v = v + i_n * stride_v_tok + i_hv * V + o_v
-    b_q = tl.load(p_q, mask=mask_k, other=0).to(tl.float32)
-    b_k_raw = tl.load(p_k, mask=mask_k, other=0)
-    b_v_raw = tl.load(p_v, mask=mask_v, other=0)
+    p_vin = v + i_n * stride_v_tok + i_hv * V
+    p_o = o + (i_n * HV + i_hv) * V
+    b_q = tl.load(q + i_n * stride_q_tok + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
+    b_k_raw = tl.load(k + i_n * stride_k_tok + i_h * K + o_k, mask=mask_k, other=0)
     b_k = b_k_raw.to(tl.float32)
-    b_v = b_v_raw.to(tl.float32)
     b_b = tl.load(b + i_n * stride_b_tok + i_hv).to(tl.float32)
     b_A_log = tl.load(A_log + i_hv).to(tl.float32)
     b_a = tl.load(a + i_n * stride_a_tok + i_hv).to(tl.float32)
     b_dt_bias = tl.load(dt_bias + i_hv).to(tl.float32)
     b_g, b_beta = gdn_gate(b_a, b_b, b_A_log, b_dt_bias, softplus_beta, softplus_threshold)
 
-    p_o = o + (i_n * HV + i_hv) * V + o_v
-    if flush != 0:
-        # Exact replay of the pending raw entries, then of this token (baseline tile: K on axis 0).
-        p_h = p_hs + o_v[None, :] * K + o_k[:, None]
-        b_h = tl.load(p_h, mask=mask_h, other=0).to(tl.float32)
-        p_rk = ring_rawk + slot * stride_rawk_slot + i_h * RL * K + o_k
-        p_rv = ring_rawv + slot * stride_rawv_slot + i_hv * RL * V + o_v
-        p_rg = ring_g + slot * stride_g_slot + i_hv * RL
-        p_rb = ring_beta + slot * stride_beta_slot + i_hv * RL
-        for j in range(0, wp):
-            phys = (org + j) % RL
-            b_rk = tl.load(p_rk + phys * K, mask=mask_k, other=0).to(tl.float32)
-            b_rv = tl.load(p_rv + phys * V, mask=mask_v, other=0).to(tl.float32)
-            b_rg = tl.load(p_rg + phys)
-            b_rb = tl.load(p_rb + phys)
-            b_h, b_rk = gdn_exact_step(b_h, b_rk, b_rv, b_rg, b_rb)
-        b_q = gdn_l2norm(b_q)
-        b_q = b_q * scale
-        b_h, b_k = gdn_exact_step(b_h, b_k, b_v, b_g, b_beta)
-        b_o = tl.sum(b_h * b_q[:, None], 0)
-        tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=mask_v)
-        tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_h)
-    else:
-        b_q = gdn_l2norm(b_q)
-        b_k = gdn_l2norm(b_k)
-        b_q = b_q * scale
-        # Pending history.
-        o_j = tl.arange(0, RLB)
-        m_j = o_j < wp
-        phys_j = (org + o_j) % RL
-        b_gr = tl.load(ring_g + slot * stride_g_slot + i_hv * RL + phys_j, mask=m_j, other=0)
-        b_kr = tl.load(
-            ring_k + slot * stride_k_slot + (i_h * RL + phys_j)[:, None] * K + o_k[None, :],
-            mask=m_j[:, None] & mask_k[None, :], other=0,
-        ).to(tl.float32)
-        b_ur = tl.load(
-            ring_d + slot * stride_d_slot + (i_hv * RL + phys_j)[:, None] * V + o_v[None, :],
-            mask=m_j[:, None] & mask_v[None, :], other=0,
-        ).to(tl.float32)
-        b_gtot = tl.sum(b_gr, 0)
-        b_w = tl.where(m_j, tl.exp(b_gtot - tl.cumsum(b_gr, 0)), 0.0)
-        b_dec = tl.exp(b_gtot)
-        if USE_DOT:
-            # Probe matrix P = [k | q | 0 ...] and S_c P = dec S0 P + U^T (w * (K_ring P)).
-            o_c = tl.arange(0, 16)
-            b_p = tl.where(o_c[None, :] == 0, b_k[:, None], tl.where(o_c[None, :] == 1, b_q[:, None], 0.0))
-            b_h = tl.load(p_hs + o_v[:, None] * K + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :], other=0)
-            b_sp = tl.dot(b_h, b_p, input_precision="tf32x3")
-            b_kp = tl.dot(b_kr, b_p, input_precision="tf32x3") * b_w[:, None]
-            b_sp = b_dec * b_sp + tl.dot(tl.trans(b_ur), b_kp, input_precision="tf32x3")
-            b_hk = tl.sum(tl.where(o_c[None, :] == 0, b_sp, 0.0), 1)
-            b_hq = tl.sum(tl.where(o_c[None, :] == 1, b_sp, 0.0), 1)
-        else:
-            b_h = tl.load(p_hs + o_v[None, :] * K + o_k[:, None], mask=mask_h, other=0)
-            b_kk = tl.sum(b_kr * b_k[None, :], 1) * b_w
-            b_kq = tl.sum(b_kr * b_q[None, :], 1) * b_w
-            b_hk = b_dec * tl.sum(b_h * b_k[:, None], 0) + tl.sum(b_ur * b_kk[:, None], 0)
-            b_hq = b_dec * tl.sum(b_h * b_q[:, None], 0) + tl.sum(b_ur * b_kq[:, None], 0)
-        b_alpha = tl.exp(b_g)
-        b_u = b_beta * (b_v - b_alpha * b_hk)
-        b_o = b_alpha * b_hq + b_u * tl.sum(b_k * b_q)
-        tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=mask_v)
-        # Append this token at logical position wp.
-        phys = (org + wp) % RL
-        tl.store(
-            ring_d + slot * stride_d_slot + (i_hv * RL + phys) * V + o_v,
-            b_u.to(ring_d.dtype.element_ty), mask=mask_v,
-        )
-        tl.store(ring_rawv + slot * stride_rawv_slot + (i_hv * RL + phys) * V + o_v, b_v_raw, mask=mask_v)
-        if i_v == 0:
-            tl.store(ring_g + slot * stride_g_slot + i_hv * RL + phys, b_g)
-            tl.store(ring_beta + slot * stride_beta_slot + i_hv * RL + phys, b_beta)
-            if i_hv % (HV // H) == 0:
-                tl.store(
-                    ring_k + slot * stride_k_slot + (i_h * RL + phys) * K + o_k,
-                    b_k.to(ring_k.dtype.element_ty), mask=mask_k,
-                )
-                tl.store(ring_rawk + slot * stride_rawk_slot + (i_h * RL + phys) * K + o_k, b_k_raw, mask=mask_k)
+    if PHASE != 1:
+        if flush != 0:
+            _decode_flush(
+                p_hs, p_vin, p_o, ring_rawk + slot * stride_rawk_slot + i_h * RL * K,
+                ring_rawv + slot * stride_rawv_slot + i_hv * RL * V, ring_g + slot * stride_g_slot + i_hv * RL,
+                ring_beta + slot * stride_beta_slot + i_hv * RL, b_q, b_k, b_g, b_beta, wp, org, i_v, scale,
+                K, V, BK, BV, BVF, RL,
+            )
+    if PHASE != 2:
+        if flush == 0:
+            _decode_nonflush(
+                p_hs, p_vin, p_o, ring_d, ring_k, ring_g, ring_rawv, ring_rawk, ring_beta,
+                b_q, b_k, b_k_raw, b_g, b_beta, wp, org, slot, i_v, i_h, i_hv, scale,
+                stride_d_slot, stride_k_slot, stride_g_slot, stride_rawv_slot, stride_rawk_slot, stride_beta_slot,
+                H, HV, K, V, BK, BV, RL, RLB, USE_DOT, EVICT,
+            )
 
 
 def _tok_stride(t: torch.Tensor, inner: tuple[int, int], name: str) -> int:
@@ -222,14 +265,11 @@ def gdn_replay_decode(
     if B == 0:
         return out
     BK = triton.next_power_of_2(K)
-    BV = min(triton.next_power_of_2(V), _BV_MAX)
     RL = rings.ring_len
-    RLB = triton.next_power_of_2(RL)
-    use_dot = gdn_decode_use_dot() and BK >= 16 and BV >= 16
-    if use_dot:
-        RLB = max(RLB, 16)
-    grid = (triton.cdiv(V, BV) * B * HV,)
-    _gdn_decode_kernel[grid](
+    cfg = gdn_decode_config(K, V)
+    bv_exact = min(triton.next_power_of_2(V), _BV_EXACT)
+    bvf = min(cfg.flush_cols, bv_exact)
+    args = (
         q, k, v, a, b, A_log, dt_bias, out,
         state, rings.d, rings.k, rings.g, rings.rawv, rings.rawk, rings.beta,
         slot_idx, row_wp, row_flush, origin,
@@ -239,7 +279,21 @@ def gdn_replay_decode(
         a.stride(0), b.stride(0),
         state.stride(0), rings.d.stride(0), rings.k.stride(0), rings.g.stride(0),
         rings.rawv.stride(0), rings.rawk.stride(0), rings.beta.stride(0),
-        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, RL=RL, RLB=RLB, USE_DOT=use_dot,
-        num_warps=_NUM_WARPS, num_stages=3,
     )
+
+    def launch(phase, BV, num_warps):
+        use_dot = cfg.use_dot and BK >= 16 and BV >= 16
+        RLB = triton.next_power_of_2(RL)
+        if use_dot:
+            RLB = max(RLB, 16)
+        _gdn_decode_kernel[(triton.cdiv(V, BV) * B * HV,)](
+            *args, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BVF=bvf, RL=RL, RLB=RLB, USE_DOT=use_dot,
+            EVICT=cfg.evict_first, PHASE=phase, num_warps=num_warps, num_stages=cfg.num_stages,
+        )
+
+    if cfg.split:
+        launch(_FLUSH, bv_exact, _NUM_WARPS)
+        launch(_NONFLUSH, min(triton.next_power_of_2(V), cfg.block_v), cfg.num_warps)
+    else:
+        launch(_FUSED, bv_exact, _NUM_WARPS)
     return out

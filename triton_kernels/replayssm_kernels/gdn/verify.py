@@ -85,7 +85,7 @@ def _gdn_verify_kernel(
 
     p_hs = state + slot * stride_state_slot + i_hv * K * V
     if USE_DOT:
-        b_h = tl.load(p_hs + o_v[:, None] * K + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :], other=0)
+        b_hv = tl.load(p_hs + o_v[:, None] * K + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :], other=0)
         o_c = tl.arange(0, 16)
         b_p = tl.zeros([BK, 16], dtype=tl.float32)
     else:
@@ -161,7 +161,7 @@ def _gdn_verify_kernel(
 
     if USE_DOT:
         # Committed-state products for all probes at once: S_c P = dec S0 P + U^T (w * (K_ring P)).
-        b_sp = tl.dot(b_h, b_p, input_precision="tf32x3")
+        b_sp = tl.dot(b_hv, b_p, input_precision="tf32x3")
         b_kp = tl.dot(b_kr, b_p, input_precision="tf32x3") * b_w[:, None]
         b_sp = b_dec * b_sp + tl.dot(tl.trans(b_ur), b_kp, input_precision="tf32x3")
         for s in tl.static_range(BT):
