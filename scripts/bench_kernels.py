@@ -69,6 +69,18 @@ def copy_bandwidth() -> float:
     return 2 * n / (us * 1e-6) / 1e9
 
 
+def staggered_snaps(B: int, L: int, sets: int, dev) -> list:
+    """Per phase j, per slot set, the (row_wp, row_flush) of a batch whose rows are spread over the
+    ring cycle (row r at position (r + j) % L), as requests that arrived at different times are:
+    every launch then mixes a 1/L share of flush rows with non-flush rows."""
+    r = torch.arange(B, device=dev, dtype=torch.int32)
+    out = []
+    for j in range(L):
+        wp = (r + j) % L
+        out.append([(wp.clone(), (wp == L - 1).to(torch.int32)) for _ in range(sets)])
+    return out
+
+
 def n_sets(bytes_per_set: int, target: int = 256 * MiB, cap: int = 64) -> int:
     return max(1, min(cap, math.ceil(target / max(bytes_per_set, 1))))
 
@@ -171,6 +183,15 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
                             mixed[i], av[i], bv[i], A_log, dt_bias, K ** -0.5, state, d_c, k_c, g_c,
                             out, slots[i], wps[j], use_qk_l2norm_in_kernel=True)
             row["decode_intree_us"] = time_graph(intree, sets * L, reps)
+            wps_st = [[t[0] for t in ph] for ph in staggered_snaps(B, L, 1, dev)]
+
+            def intree_staggered():
+                for j in range(L):
+                    for i in range(sets):
+                        fused_recurrent_linear_replayssm_decode(
+                            mixed[i], av[i], bv[i], A_log, dt_bias, K ** -0.5, state, d_c, k_c, g_c,
+                            out, slots[i], wps_st[j][0], use_qk_l2norm_in_kernel=True)
+            row["decode_intree_staggered_us"] = time_graph(intree_staggered, sets * L, reps)
             del d_c, k_c, g_c
             # --- decode: ours, amortised over a cycle -----------------------------------
             rings = alloc_gdn_rings(1, S, H, HV, K, V, L, act, dev).layer(0)
@@ -193,6 +214,15 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
             best = min(DECODE_CONFIGS, key=lambda c: row["decode_ours_us_" + "x".join(map(str, c))])
             row["decode_ours_cfg"] = "x".join(map(str, best))
             row["decode_ours_us"] = row["decode_ours_us_" + row["decode_ours_cfg"]]
+            snaps_sync = snaps
+            snaps = staggered_snaps(B, L, sets, dev)
+            for cfg in DECODE_CONFIGS:
+                with override("gdn_decode", cfg):
+                    row["decode_ours_staggered_us_" + "x".join(map(str, cfg))] = time_graph(ours_decode, sets * L, reps)
+            best = min(DECODE_CONFIGS, key=lambda c: row["decode_ours_staggered_us_" + "x".join(map(str, c))])
+            row["decode_ours_staggered_cfg"] = "x".join(map(str, best))
+            row["decode_ours_staggered_us"] = row["decode_ours_staggered_us_" + row["decode_ours_staggered_cfg"]]
+            snaps = snaps_sync
 
             def prep():
                 for i in range(sets):
@@ -386,6 +416,8 @@ def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES):
                         mamba2_replay_decode(xs[i], dts[i], Bs[i], Cs[i], A, D, dt_bias, state, rings, slots[i],
                                              snaps[j][i][0], snaps[j][i][1], origin, out=y)
             row["decode_ours_us"] = time_graph(ours_decode, sets * L, reps)
+            snaps = staggered_snaps(Bsz, L, sets, dev)
+            row["decode_ours_staggered_us"] = time_graph(ours_decode, sets * L, reps)
             del rings, rings_all
             # spec
             gen = torch.Generator().manual_seed(0)

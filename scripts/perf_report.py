@@ -1,0 +1,95 @@
+"""Markdown tables from `bench_kernels.py` result rows (one JSON object per line, or its --json file).
+
+    python scripts/perf_report.py docs/data/bench_kernels_2026-11-30_run2.jsonl [--copy-gbps 4300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+
+def load_rows(path):
+    with open(path) as f:
+        text = f.read()
+    if text.lstrip().startswith("{") and '"results"' in text[:2000]:
+        return json.loads(text)["results"]
+    return [json.loads(line) for line in text.splitlines() if line.strip().startswith("{")]
+
+
+def _x(a, b):
+    return "-" if (a is None or b is None or math.isnan(a) or math.isnan(b)) else f"{a / b:.2f}x"
+
+
+def _us(v):
+    return "-" if v is None or math.isnan(v) else f"{v:.1f}"
+
+
+def gdn_tables(rows, copy_gbps):
+    out = []
+    for HV in sorted({r["HV"] for r in rows if r["family"] == "gdn"}):
+        sub = [r for r in rows if r["family"] == "gdn" and r["HV"] == HV]
+        out.append(f"\n**GDN, H=16, HV={HV}, K=V=128** (fp32 state, bf16 activations, L={sub[0]['L']}, T=4)\n")
+        stag = "decode_ours_staggered_us" in sub[0]
+        out.append("| batch | packed decode (us) | in-tree ReplaySSM (us) | ours (us) | ours vs packed | "
+                   "ours GB/s" + (" (% copy)" if copy_gbps else "") + " | "
+                   + ("staggered: in-tree / ours (us) | staggered ours vs packed | " if stag else "")
+                   + "spec: stock verify+scatter (us) | fold-every-commit (us) | ours verify+commit (us) | "
+                   "ours vs stock |")
+        out.append("|---:" * (10 + (2 if stag else 0)) + "|")
+        for r in sub:
+            gbs = r["decode_bytes_ours"] / (r["decode_ours_us"] * 1e-6) / 1e9
+            pct = f" ({100 * gbs / copy_gbps:.0f}%)" if copy_gbps else ""
+            out.append(
+                f"| {r['B']} | {_us(r['decode_packed_us'])} | {_us(r['decode_intree_us'])} "
+                f"({_x(r['decode_packed_us'], r['decode_intree_us'])}) | {_us(r['decode_ours_us'])} | "
+                f"{_x(r['decode_packed_us'], r['decode_ours_us'])} | {gbs:.0f}{pct} | "
+                + (f"{_us(r['decode_intree_staggered_us'])} / {_us(r['decode_ours_staggered_us'])} | "
+                   f"{_x(r['decode_packed_us'], r['decode_ours_staggered_us'])} | " if stag else "")
+                + f"{_us(r['spec_stock_us'])} | "
+                f"{_us(r['spec_fold_every_commit_us'])} | {_us(r['spec_ours_us'])} | "
+                f"{_x(r['spec_stock_us'], r['spec_ours_us'])} |"
+            )
+    return out
+
+
+def m2_tables(rows, copy_gbps):
+    out = []
+    for shape in dict.fromkeys(r["shape"] for r in rows if r["family"] == "mamba2"):
+        sub = [r for r in rows if r["family"] == "mamba2" and r["shape"] == shape]
+        r0 = sub[0]
+        out.append(f"\n**Mamba-2 {shape}: NH={r0['NH']}, P={r0['P']}, N={r0['N']}, G={r0['G']}** "
+                   f"(fp32 state, bf16 activations, L={r0['L']}, T=4)\n")
+        stag = "decode_ours_staggered_us" in r0
+        out.append("| batch | SGLang SSU decode (us) | SSU GB/s | ours (us) | ours vs SSU | ours GB/s"
+                   + (" (% copy)" if copy_gbps else "") + " | "
+                   + ("staggered ours (us) | staggered vs SSU | " if stag else "")
+                   + "spec: SSU+intermediate+scatter (us) | ours verify+commit (us) | ours vs stock |")
+        out.append("|---:" * (9 + (2 if stag else 0)) + "|")
+        for r in sub:
+            gbs = r["decode_bytes_ours"] / (r["decode_ours_us"] * 1e-6) / 1e9
+            gbs_b = r["decode_bytes_ssu"] / (r["decode_ssu_us"] * 1e-6) / 1e9
+            pct = f" ({100 * gbs / copy_gbps:.0f}%)" if copy_gbps else ""
+            out.append(
+                f"| {r['B']} | {_us(r['decode_ssu_us'])} | {gbs_b:.0f} | {_us(r['decode_ours_us'])} | "
+                f"{_x(r['decode_ssu_us'], r['decode_ours_us'])} | {gbs:.0f}{pct} | "
+                + (f"{_us(r['decode_ours_staggered_us'])} | {_x(r['decode_ssu_us'], r['decode_ours_staggered_us'])} | "
+                   if stag else "")
+                + f"{_us(r.get('spec_stock_us'))} | "
+                f"{_us(r['spec_ours_us'])} | {_x(r.get('spec_stock_us'), r['spec_ours_us'])} |"
+            )
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("path")
+    p.add_argument("--copy-gbps", type=float, default=None)
+    a = p.parse_args()
+    rows = load_rows(a.path)
+    print("\n".join(gdn_tables(rows, a.copy_gbps) + m2_tables(rows, a.copy_gbps)))
+
+
+if __name__ == "__main__":
+    main()
