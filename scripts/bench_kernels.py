@@ -119,12 +119,12 @@ def gdn_verify_bytes_baseline(B, H, HV, K, V, T, act=2):
 
 # (BV, num_warps, num_stages, use_dot) of the GDN verify kernel timed in every run; the first GPU
 # run (2026-11-30) had 32x2x2 (warp reductions) best among the non-dot configs.
-VERIFY_CONFIGS = ((32, 2, 2, 0), (32, 1, 2, 1), (64, 4, 2, 1))
+VERIFY_CONFIGS = ((32, 1, 2, 1), (32, 2, 2, 0), (32, 1, 2, 2), (64, 4, 2, 2), (32, 4, 2, 2))
 # GDN decode launch plans (configs.GDNDecodeConfig: split, block_v, warps, stages, flush_cols, dot,
 # evict_first). The first is the default; run 2 (2026-11-30) measured it at 0.94x of packed decode.
 DECODE_CONFIGS = ((0, 32, 1, 3, 32, 0, 0), (0, 32, 1, 3, 8, 0, 1), (1, 32, 1, 3, 8, 0, 1),
                   (1, 64, 4, 2, 8, 0, 1), (1, 128, 4, 2, 8, 0, 1), (1, 64, 2, 2, 8, 1, 1))
-VERIFY_SWEEP = ((32, 1, 2, 0), (64, 2, 2, 1), (32, 4, 2, 1), (128, 4, 2, 1))
+VERIFY_SWEEP = ((32, 1, 2, 0), (64, 4, 2, 1), (64, 2, 2, 2), (128, 4, 2, 2), (128, 8, 2, 2))
 
 
 def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):

@@ -96,8 +96,8 @@ def main():
     as_ = torch.randn(B, T, HV, device=dev, dtype=act)
     bs_ = torch.randn(B, T, HV, device=dev, dtype=act)
     ov = torch.empty(B, T, HV, V, device=dev, dtype=act)
-    for cfg in ((32, 1, 2, 0), (32, 2, 2, 0), (32, 1, 2, 1), (32, 2, 2, 1), (32, 4, 2, 1),
-                (64, 2, 2, 1), (64, 4, 2, 1), (128, 4, 2, 1), (128, 8, 2, 1)):
+    for cfg in ((32, 1, 2, 0), (32, 2, 2, 0), (32, 1, 2, 1), (32, 1, 2, 2), (32, 2, 2, 2), (32, 4, 2, 2),
+                (64, 2, 2, 2), (64, 4, 2, 2), (128, 4, 2, 2), (128, 8, 2, 2)):
         with override("gdn_verify", cfg):
             t("ours_verify_T4_wp8_" + "x".join(map(str, cfg)), lambda: gdn_replay_verify(
                 qs, ks, vs, as_, bs_, A_log, dt_bias, state, rings, slots, wpos, origin, out=ov))
@@ -118,7 +118,7 @@ def main():
 
 
 def _collect_regs(regs, dec_mod, ver_mod):
-    for kern in (dec_mod._gdn_decode_kernel, ver_mod._gdn_verify_kernel):
+    for kern in (dec_mod._gdn_decode_kernel, ver_mod._gdn_verify_kernel, ver_mod._gdn_verify_mm_kernel):
         for dev_cache in kern.device_caches.values():
             for i, ck in enumerate(dev_cache[0].values()):
                 ck._init_handles()

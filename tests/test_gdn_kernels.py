@@ -152,6 +152,20 @@ def test_gdn_verify_commit(B, H, HV, K, V, L, T_max, dtype, steps, device, asser
     assert folds > 0, "the run must fold at least once"
 
 
+@pytest.mark.parametrize("cfg", [
+    pytest.param((32, 1, 2, 0), id="reductions"),
+    pytest.param((32, 1, 2, 1), id="dot-products"),
+    pytest.param((64, 4, 2, 2), id="matrix-form"),
+])
+def test_gdn_verify_launch_variants(cfg, device, assert_within_baseline):
+    """Every verify kernel variant (configs.gdn_verify_config) keeps the state exact and the
+    outputs within the baseline's error."""
+    from replayssm_kernels.configs import override
+
+    with override("gdn_verify", cfg):
+        test_gdn_verify_commit(2, 1, 3, 48, 40, 5, 3, bf16, 6, device, assert_within_baseline)
+
+
 def test_gdn_partial_fold_rotates_origin(device):
     """Fold only part of the committed entries (radix track boundary): origin rotates, the rest
     stays pending, and the committed state is still exact."""

@@ -22,12 +22,15 @@ def _env_overrides() -> None:
         _OVERRIDES[name.strip()] = tuple(int(x) for x in val.split("x"))
 
 
-def gdn_verify_config(K: int, V: int, T: int) -> tuple[int, int, int, bool]:
-    """(BV, num_warps, num_stages, use_dot) of the GDN verify kernel."""
+def gdn_verify_config(K: int, V: int, T: int) -> tuple[int, int, int, int]:
+    """(BV, num_warps, num_stages, products) of the GDN verify kernel; products: 0 = warp
+    reductions, 1 = tf32x3 dots for the committed-state products, 2 = the matrix-form kernel
+    (`gdn/verify_mm.py`, every product a tf32x3 GEMM)."""
     if "gdn_verify" in _OVERRIDES:
         bv, w, st, *dot = _OVERRIDES["gdn_verify"]
-        return bv, w, st, bool(dot[0]) if dot else False
-    return (32, 1, 2, False)
+        return bv, w, st, int(dot[0]) if dot else 0
+    # Fastest of the configurations timed on one H200 (2026-11-30, docs/perf.md) from batch 8 up.
+    return (32, 1, 2, 1)
 
 
 @dataclass(frozen=True)

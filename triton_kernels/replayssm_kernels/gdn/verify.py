@@ -25,6 +25,7 @@ import triton.language as tl
 
 from ..configs import gdn_verify_config
 from .common import gdn_gate, gdn_l2norm
+from .verify_mm import _gdn_verify_mm_kernel
 from .rings import GDNRings, check_gdn_rings
 
 
@@ -258,12 +259,18 @@ def gdn_replay_verify(
     BT = triton.next_power_of_2(T)
     RL = rings.ring_len
     RLB = triton.next_power_of_2(RL)
-    if use_dot:
+    kernel = _gdn_verify_kernel
+    if use_dot == 2 and T <= 16 and K >= 16:
+        # Matrix form (verify_mm.py): every product one tf32x3 GEMM.
+        kernel, BV, RLB = _gdn_verify_mm_kernel, max(BV, 16), max(RLB, 16)
+        use_dot = None
+    elif use_dot:
         # tl.dot needs every dimension >= 16; 2 * BT probes share one 16-column operand.
         use_dot = BT <= 8 and K >= 16
         BV, RLB = max(BV, 16), max(RLB, 16)
     grid = (triton.cdiv(V, BV) * B * HV,)
-    _gdn_verify_kernel[grid](
+    extra = {} if use_dot is None else {"USE_DOT": bool(use_dot)}
+    kernel[grid](
         q, k, v, a, b, A_log, dt_bias, out,
         state, rings.d, rings.k, rings.g, rings.rawv, rings.rawk, rings.beta,
         slot_idx, wpos, origin,
@@ -273,7 +280,7 @@ def gdn_replay_verify(
         a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         state.stride(0), rings.d.stride(0), rings.k.stride(0), rings.g.stride(0),
         rings.rawv.stride(0), rings.rawk.stride(0), rings.beta.stride(0),
-        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT, RL=RL, RLB=RLB, USE_DOT=use_dot,
-        num_warps=num_warps, num_stages=num_stages,
+        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT, RL=RL, RLB=RLB,
+        num_warps=num_warps, num_stages=num_stages, **extra,
     )
     return out
