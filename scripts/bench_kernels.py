@@ -139,7 +139,7 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
     from sglang.kernels.ops.mamba.mamba_state_scatter_triton import fused_mamba_state_scatter_with_mask
 
     from replayssm_kernels import commit_prepare, decode_prepare
-    from replayssm_kernels.configs import override
+    from replayssm_kernels.configs import override, ring_min_batch
     from replayssm_kernels.gdn import alloc_gdn_rings, gdn_replay_decode, gdn_replay_fold, gdn_replay_verify
 
     dev, act = "cuda", torch.bfloat16
@@ -222,6 +222,17 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
             best = min(DECODE_CONFIGS, key=lambda c: row["decode_ours_staggered_us_" + "x".join(map(str, c))])
             row["decode_ours_staggered_cfg"] = "x".join(map(str, best))
             row["decode_ours_staggered_us"] = row["decode_ours_staggered_us_" + row["decode_ours_staggered_cfg"]]
+            # Small-batch mode (configs.ring_min_batch): every row flushes every step on an empty ring.
+            exact = [(torch.zeros(B, dtype=torch.int32, device=dev), torch.ones(B, dtype=torch.int32, device=dev))
+                     for _ in range(sets)]
+
+            def ours_exact():
+                for i in range(sets):
+                    q, k, v = split(mixed[i])
+                    gdn_replay_decode(q, k, v, av[i], bv[i], A_log, dt_bias, state, rings, slots[i],
+                                      exact[i][0], exact[i][1], origin, out=o2)
+            row["decode_ours_exact_us"] = time_graph(ours_exact, sets, reps)
+            row["decode_dispatch"] = "exact" if B < ring_min_batch("gdn") else "ring"
             snaps = snaps_sync
 
             def prep():
@@ -369,6 +380,7 @@ def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES):
     from sglang.kernels.ops.mamba.triton_ops.mamba_ssm import selective_state_update
 
     from replayssm_kernels import commit_prepare, decode_prepare
+    from replayssm_kernels.configs import ring_min_batch
     from replayssm_kernels.mamba2 import (
         alloc_mamba2_rings,
         mamba2_replay_decode,
@@ -418,6 +430,15 @@ def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES):
             row["decode_ours_us"] = time_graph(ours_decode, sets * L, reps)
             snaps = staggered_snaps(Bsz, L, sets, dev)
             row["decode_ours_staggered_us"] = time_graph(ours_decode, sets * L, reps)
+            exact = [(torch.zeros(Bsz, dtype=torch.int32, device=dev), torch.ones(Bsz, dtype=torch.int32, device=dev))
+                     for _ in range(sets)]
+
+            def ours_exact():
+                for i in range(sets):
+                    mamba2_replay_decode(xs[i], dts[i], Bs[i], Cs[i], A, D, dt_bias, state, rings, slots[i],
+                                         exact[i][0], exact[i][1], origin, out=y)
+            row["decode_ours_exact_us"] = time_graph(ours_exact, sets, reps)
+            row["decode_dispatch"] = "exact" if Bsz < ring_min_batch("mamba2") else "ring"
             del rings, rings_all
             # spec
             gen = torch.Generator().manual_seed(0)

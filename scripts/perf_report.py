@@ -26,6 +26,22 @@ def _us(v):
     return "-" if v is None or math.isnan(v) else f"{v:.1f}"
 
 
+def dispatch_rows(rows):
+    """What the backend runs per batch size: the ring (staggered) or the exact small-batch mode."""
+    out = ["\n**Decode as the backend dispatches it** (`configs.ring_min_batch`: exact recurrence every "
+           "step below the threshold, ring above; staggered rows)\n",
+           "| family | shape | batch | mode | stock (us) | ours (us) | ours vs stock |", "|---|---|---:|---|---:|---:|---:|"]
+    for r in rows:
+        if "decode_dispatch" not in r:
+            continue
+        stock = r.get("decode_packed_us", r.get("decode_ssu_us"))
+        ours = r["decode_ours_exact_us"] if r["decode_dispatch"] == "exact" else r["decode_ours_staggered_us"]
+        shape = f"HV={r['HV']}" if r["family"] == "gdn" else r["shape"]
+        out.append(f"| {r['family']} | {shape} | {r['B']} | {r['decode_dispatch']} | {_us(stock)} | {_us(ours)} | "
+                   f"{_x(stock, ours)} |")
+    return out if len(out) > 3 else []
+
+
 def gdn_tables(rows, copy_gbps):
     out = []
     for HV in sorted({r["HV"] for r in rows if r["family"] == "gdn"}):
@@ -88,7 +104,7 @@ def main():
     p.add_argument("--copy-gbps", type=float, default=None)
     a = p.parse_args()
     rows = load_rows(a.path)
-    print("\n".join(gdn_tables(rows, a.copy_gbps) + m2_tables(rows, a.copy_gbps)))
+    print("\n".join(gdn_tables(rows, a.copy_gbps) + m2_tables(rows, a.copy_gbps) + dispatch_rows(rows)))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@ kernels only read what this step prepared (docs/design.md):
 * decode batch: `decode_prepare` snapshots each row's cursor into per-row buffers (static
   per-batch-size buffers under CUDA graphs, refreshed in place before every replay) and advances
   the slot cursors; rows whose state the radix cache snapshots this step (`mamba_track_mask`) are
-  forced to flush, so the checkpoint it copies is current;
+  forced to flush, so the checkpoint it copies is current. Under CUDA graphs the mask is the
+  graph's own static buffer, recorded at capture: SGLang's replay view (`build_replay_fb_view`)
+  carries no `mamba_track_mask`, while the captured track copy reads that buffer, which the
+  runner refills before every replay;
 * target verify: nothing (the verify kernels read the slot cursors; commit moves them);
 * extend / prefill / mixed batches: every row's pending entries are folded into its checkpoint
   (exact fold, all layers) and its ring emptied, so SGLang's chunked kernels start from the
@@ -23,6 +26,7 @@ from typing import Optional
 import torch
 
 from replayssm_kernels import decode_prepare, pending_fold_plan, reset_cursors
+from replayssm_kernels.configs import ring_min_batch
 
 logger = logging.getLogger("sglang_replayssm")
 
@@ -49,10 +53,15 @@ class ReplaySSMBatchState:
         self.pool = pool
         self.device = device
         self.ring_len = pool.replayssm_ring_len
+        # Small decode batches run the exact recurrence every step (configs.ring_min_batch).
+        self.ring_min_batch = ring_min_batch(pool.replayssm_family)
         self.row_wp: Optional[torch.Tensor] = None
         self.row_flush: Optional[torch.Tensor] = None
         self._static_wp: Optional[torch.Tensor] = None
         self._static_flush: Optional[torch.Tensor] = None
+        # decode graph batch size -> the captured batch's `mamba_track_mask` (a static buffer
+        # slice, or None when radix tracking is off)
+        self._graph_track_mask: dict = {}
         self._exact_rows: dict = {}
         logged = getattr(pool, "_replayssm_backend_logged", False)
         if not logged:
@@ -89,12 +98,21 @@ class ReplaySSMBatchState:
                 row_wp = torch.empty(bs, dtype=torch.int32, device=self.device)
                 row_flush = torch.empty(bs, dtype=torch.int32, device=self.device)
             if in_capture:
-                # Capture runs on dummy rows: never touch the real cursors.
+                # Capture runs on dummy rows: never touch the real cursors. The captured batch's
+                # track mask is the static buffer the captured track copy reads at every replay.
+                self._graph_track_mask[bs] = getattr(forward_batch, "mamba_track_mask", None)
                 row_wp.zero_()
                 row_flush.zero_()
             else:
-                force = getattr(forward_batch, "mamba_track_mask", None)
-                if force is not None:
+                if graph:
+                    if bs not in self._graph_track_mask:
+                        raise RuntimeError(f"ReplaySSM: no decode CUDA graph was captured for batch size {bs}")
+                    force = self._graph_track_mask[bs]
+                else:
+                    force = getattr(forward_batch, "mamba_track_mask", None)
+                if bs < self.ring_min_batch:
+                    force = self.exact_rows(bs)[1]
+                elif force is not None:
                     force = force[:bs]
                     if force.shape[0] < bs:
                         force = torch.cat([force, force.new_zeros(bs - force.shape[0])])

@@ -84,3 +84,17 @@ def override(name: str, cfg: tuple):
             _OVERRIDES.pop(name, None)
         else:
             _OVERRIDES[name] = old
+
+
+# Below this many decode rows the backend forces a flush on every step: the ring is not used, and
+# the decode kernel runs the exact recurrence (the baseline's arithmetic and cost). At batch 1-4 a
+# decode step is latency-bound and the ring saves no time (docs/perf.md, run 2: GDN ring decode
+# 0.62x of packed decode at batch 1, 1.02x at 8; Mamba-2 1.09x at batch 1). Switching modes is
+# seamless: a forced flush folds whatever is pending.
+_RING_MIN_BATCH = {"gdn": 8, "mamba2": 1}
+
+
+def ring_min_batch(family: str) -> int:
+    if f"{family}_ring_min_batch" in _OVERRIDES:
+        return _OVERRIDES[f"{family}_ring_min_batch"][0]
+    return _RING_MIN_BATCH[family]
