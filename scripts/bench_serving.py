@@ -503,7 +503,7 @@ async def stream_generate(host: str, port: int, payload: dict) -> dict:
 
 
 class Progress:
-    """tqdm when importable, else a plain counter on stderr (at most one line every 2 s)."""
+    """tqdm when importable, else a plain counter on stderr (one line every 2 s, 20 s when piped)."""
 
     def __init__(self, total: int, desc: str, disable: bool = False):
         self.total, self.desc, self.n, self._last = total, desc, 0, 0.0
@@ -514,7 +514,9 @@ class Progress:
         try:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, desc=desc, file=sys.stderr, leave=False, dynamic_ncols=True)
+            # Piped output (the device tool keeps only the tail): few updates.
+            self._bar = tqdm(total=total, desc=desc, file=sys.stderr, leave=False, dynamic_ncols=True,
+                             mininterval=0.5 if sys.stderr.isatty() else 20.0)
         except ImportError:
             print(f"{desc}: 0/{total}", file=sys.stderr, flush=True)
 
@@ -524,7 +526,7 @@ class Progress:
             return
         if self._bar is not None:
             self._bar.update(k)
-        elif time.time() - self._last > 2.0 or self.n == self.total:
+        elif time.time() - self._last > (2.0 if sys.stderr.isatty() else 20.0) or self.n == self.total:
             self._last = time.time()
             print(f"{self.desc}: {self.n}/{self.total}", file=sys.stderr, flush=True)
 
@@ -1191,9 +1193,15 @@ def run_side(a, out: Path, model: dict, side: str, concs: list[int], end_time: f
             t_case = time.time()
             deadline = None if end_time is None else end_time - 25.0
             if not a.no_warmup:
+                # Prefill and decode at batch C once (first-use JIT builds, autotuning) before timing.
                 warm = e2e.make_prompts(seed + 7, c, lo, hi, a.input_len, a.input_len)
                 run_load(a.host, port, warm, 2, c, deadline, desc=f"{side} C={c} warm-up", quiet=True)
                 _flush_cache(a.host, port)
+                if _time_left(end_time) < need:
+                    stats["left"] += len(concs) - i
+                    print(f"[{side}] time budget (after the warm-up): {len(concs) - i} case(s) left for the next "
+                          f"call", flush=True)
+                    break
             off = len(e2e._read(str(log_path)))
             if a.client == "sglang":
                 outfile = out / "logs" / f"{cid}__sglang_client.jsonl"

@@ -1,0 +1,639 @@
+"""CPU tests of scripts/bench_serving.py: recipes, log parsing, metrics, report, the streaming client,
+and whole sweeps (launch, cases, resume, skip, failure, shutdown) against a fake
+``sglang.launch_server`` that speaks SGLang's streaming /generate and prints its log lines."""
+
+import importlib.util
+import json
+import os
+import stat
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_script(name):
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+bs = _load_script("bench_serving")
+mtm = _load_script("make_tiny_model")
+
+# ----------------------------------------------------------------------------------------------
+# Recipes
+# ----------------------------------------------------------------------------------------------
+
+
+def _config_from_cmd(cmd):
+    """Run make_tiny_model's own argument parsing and config construction on a build command."""
+    a = mtm.parse_args(cmd[2:])
+    fields = mtm.resolve_fields(a.preset, a.shape, {f: getattr(a, f) for f in mtm.FLAG_FIELDS}, dict(a.set))
+    cfg, patch = mtm.make_config(a.preset, fields)
+    return a, fields, patch
+
+
+def test_layer_patterns():
+    assert bs.layer_pattern("gdn", 24) == {"num_layers": 32, "full_attention_interval": 4}
+    with pytest.raises(ValueError):
+        bs.layer_pattern("gdn", 25)
+    p = bs.layer_pattern("nano9b", 24)["pattern"]
+    assert p.count("M") == 24 and p.count("*") == 3 and set(p) == set("M-*")
+    p = bs.layer_pattern("super", 20)["pattern"]
+    assert p.count("M") == 20 and p.count("E") == 20 and p.count("*") == 4
+    assert "*" in bs.layer_pattern("super", 3)["pattern"]  # always one attention layer
+    with pytest.raises(ValueError):
+        bs.layer_pattern("super", 0)
+
+
+def test_build_commands_are_accepted_by_make_tiny_model():
+    cmd = bs.build_model_cmd("py", "gdn", 24, "dummy", None, "/tmp/x")
+    assert "--no-weights" in cmd and "--accept-rate-knob" not in cmd
+    a, fields, patch = _config_from_cmd(cmd)
+    assert a.no_weights and fields["num_hidden_layers"] == 32 and patch["full_attention_interval"] == 4
+    assert fields["linear_num_value_heads"] == 32 and fields["linear_num_key_heads"] == 16
+    assert fields["linear_key_head_dim"] == fields["linear_value_head_dim"] == 128
+    cmd = bs.build_model_cmd("py", "gdn", 12, "knob", 0.5, "/tmp/x", build_flags="--num-experts 16")
+    a, fields, _ = _config_from_cmd(cmd)
+    assert not a.no_weights and a.accept_rate_knob == 0.5 and a.knob_mode == "raw" and a.no_measure
+    assert fields["num_hidden_layers"] == 16
+    a, _, _ = _config_from_cmd(bs.build_model_cmd("py", "gdn", 12, "knob", 0.0, "/tmp/x"))
+    assert a.knob_mode == "calibrated"  # end point: no calibration needed
+    a, fields, patch = _config_from_cmd(bs.build_model_cmd("py", "nano9b", 24, "dummy", None, "/tmp/x"))
+    assert fields["mamba_num_heads"] == 128 and fields["mamba_head_dim"] == 80 and fields["n_groups"] == 8
+    assert patch["hybrid_override_pattern"].count("M") == 24
+    a, fields, patch = _config_from_cmd(bs.build_model_cmd("py", "super", 8, "knob", 0.0, "/tmp/x"))
+    assert fields["mamba_head_dim"] == 64 and patch["mtp_hybrid_override_pattern"] == "*E"
+    with pytest.raises(ValueError):
+        bs.build_model_cmd("py", "nano9b", 24, "knob", 0.0, "/tmp/x")  # no MTP head
+    assert bs.model_tag("gdn", 24, "dummy", None) == "gdn-24ssm-dummy"
+    assert bs.model_tag("gdn", 12, "knob", 0.3) == "gdn-12ssm-knob0.3"
+    assert bs.model_tag("gdn", 12, "knob", 0.3, "--x 1") != bs.model_tag("gdn", 12, "knob", 0.3, "--x 2")
+
+
+def test_sides():
+    assert bs.side_server_args("stock", "decode", None) == ("triton", False, [])
+    assert bs.side_server_args("upstream", "decode", 8) == ("triton", False, ["--enable-linear-replayssm",
+                                                                             "--linear-replayssm-cache-len", "8"])
+    assert bs.side_server_args("upstream", "spec", 8) == ("triton", True, ["--enable-linear-replayssm-spec"])
+    assert bs.side_server_args("ours", "spec", 16) == ("replayssm", True, ["--replayssm-ring-len", "16"])
+    assert bs.side_server_args("nospec", "spec", None) == ("triton", False, [])
+    assert bs.side_applicable("upstream", "decode", "gdn")[0]
+    ok, why = bs.side_applicable("upstream", "decode", "mamba2")
+    assert not ok and "GDN" in why
+    assert not bs.side_applicable("nospec", "decode", "gdn")[0]
+    env = {"A": "1"}
+    assert bs.side_plugin_env(env, "upstream")["SGLANG_PLUGINS"] == bs.e2e.NO_PLUGINS
+    assert "SGLANG_PLUGINS" not in bs.side_plugin_env(env, "ours")
+
+
+# ----------------------------------------------------------------------------------------------
+# Log parsing (lines in SGLang 0.5.17's / our pool's formats)
+# ----------------------------------------------------------------------------------------------
+
+LOG = """\
+[2026-11-30 10:00:00] Mamba Cache is allocated. max_mamba_cache_size: 300, conv_state size: 0.33GB, ssm_state size: 14.12GB intermediate_ssm_state_cache size: 56.60GB intermediate_conv_window_cache size: 1.32GB
+[2026-11-30 10:00:00] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 400000, K size: 3.05 GB, V size: 3.05 GB
+[2026-11-30 10:00:01] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 400000, K size: 0.38 GB, V size: 0.38 GB
+[2026-11-30 10:00:02] max_running_requests is capped to 290 by the mamba state cache (max_mamba_cache_size=300, 1 state slots per request).
+[2026-11-30 10:00:03] max_total_num_tokens=400000, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=290, context_len=32768, available_gpu_mem=20.11 GB
+"""
+OURS_LOG = """\
+[x] ReplaySSM memory: 512 mamba slots (+1 padding) x 51.13 MiB (state 48.00 + rings 3.13 MiB); no per-draft state scratch reserved; 40.00 GiB left for the KV cache.
+[x] Mamba Cache is allocated. max_mamba_cache_size: 512, conv_state size: 0.56GB, ssm_state size: 24.05GB intermediate_ssm_state_cache size: 0.00GB intermediate_conv_window_cache size: 0.11GB
+[x] ReplaySSM pool (gdn, 24 SSM layers, ring_len=16, rings in bfloat16): per slot checkpoint 48.00 MiB + rings 3.13 MiB + cursors 8 B; 513 slots: checkpoints 24.047 GiB, rings 1.568 GiB; speculative: no per-draft state snapshots (the rings replace them), conv windows 0.110 GiB
+"""
+UP_LOG = ("[x] GDN ReplaySSM ring buffers allocated (record_len=16, fold=True): d=0.500GB, k=0.250GB, g=0.004GB "
+          "rawv=0.500GB, rawk=0.250GB, beta=0.004GB \n[x] Mamba Cache is allocated. max_mamba_cache_size: 255, "
+          "conv_state size: 0.28GB, ssm_state size: 12.00GB \n")
+DECODE_LINES = """\
+[x] Decode batch, #running-req: 8, #full token: 4000, full token usage: 0.01, mamba num: 8, mamba usage: 0.03, accept len: 3.10, accept rate: 0.70, cuda graph: True, gen throughput (token/s): 900.00, #queue-req: 0
+[x] Decode batch, #running-req: 8, #full token: 4100, full token usage: 0.01, mamba num: 8, mamba usage: 0.03, accept len: 3.30, accept rate: 0.77, cuda graph: True, gen throughput (token/s): 1100.00, #queue-req: 0
+[x] Decode batch, #running-req: 8, #full token: 4100, full token usage: 0.01, mamba num: 8, mamba usage: 0.03, accept len: 3.20, accept rate: 0.73, cuda graph: False, gen throughput (token/s): 1000.00, #queue-req: 0
+[x] Decode batch, #running-req: 3, #full token: 900, full token usage: 0.00, mamba num: 3, mamba usage: 0.01, accept len: 2.00, accept rate: 0.33, cuda graph: True, gen throughput (token/s): 100.00, #queue-req: 0
+"""
+
+
+def test_parse_server_facts_and_fit():
+    f = bs.parse_server_facts(LOG)
+    assert f["max_running_requests"] == 290 and f["max_total_num_tokens"] == 400000
+    assert f["mamba_slots"] == 300 and f["ssm_state_gb"] == 14.12
+    assert f["intermediate_ssm_gb"] == 56.60 and f["intermediate_conv_gb"] == 1.32
+    assert [k["tokens"] for k in f["kv_caches"]] == [400000, 400000]
+    assert f["kv_caches"][0]["gb"] == pytest.approx(6.10)
+    assert f["capped_by_mamba"] == 290
+    fit = bs.fit_concurrency(f, 512, 256, spec=True)
+    assert fit["by_kv"] == 400000 // (512 + 256 + 4) and fit["fit"] == 290
+    fit = bs.fit_concurrency(f, 8192, 8192, spec=False)
+    assert fit["fit"] == 400000 // 16384 == 24
+    mem = bs.memory_summary(f, bs.fit_concurrency(f, 512, 256, True))
+    assert mem["intermediate_ssm_gib"] == 56.60
+    assert mem["intermediate_ssm_mib_per_request"] == pytest.approx(56.60 * 1024 / 291)
+    assert "replayssm_rings_gib" not in mem
+
+    o = bs.parse_server_facts(OURS_LOG)
+    rs = o["replayssm"]
+    assert rs["family"] == "gdn" and rs["ssm_layers"] == 24 and rs["ring_len"] == 16 and rs["ring_dtype"] == "bfloat16"
+    assert rs["rings_mib_per_slot"] == 3.13 and rs["checkpoint_mib_per_slot"] == 48.0 and rs["slots"] == 513
+    assert rs["rings_gib"] == 1.568 and o["replayssm_memory"]["slots"] == 512
+    assert o["intermediate_ssm_gb"] == 0.0 and o.get("max_running_requests") is None
+    mem = bs.memory_summary(o, bs.fit_concurrency(o, 512, 256, True))
+    assert mem["replayssm_rings_gib"] == 1.568 and mem["replayssm_rings_mib_per_slot"] == 3.13
+    assert "intermediate_ssm_gib" not in mem  # 0.00 GB is not a scratch buffer
+
+    u = bs.parse_server_facts(UP_LOG)
+    assert u["upstream_rings"]["record_len"] == 16
+    assert u["upstream_rings"]["total_gb"] == pytest.approx(1.508)
+    assert u["intermediate_ssm_gb"] is None  # no spec: the pool line has no intermediate fields
+    assert bs.memory_summary(u, {})["upstream_rings_mib_per_slot"] == pytest.approx(1.508 * 1024 / 256)
+    assert bs.fit_concurrency({}, 1, 1, False)["fit"] is None
+
+
+def test_decode_lines():
+    lines = bs.parse_decode_lines(DECODE_LINES)
+    assert [ln["running"] for ln in lines] == [8, 8, 8, 3]
+    assert lines[0]["accept_len"] == 3.10 and lines[2]["cuda_graph"] is False
+    s = bs.decode_line_summary(lines, 8)
+    assert s["lines_at_c"] == 3 and s["server_gen_throughput"] == 1000.0
+    assert s["cuda_graph_share"] == pytest.approx(2 / 3) and s["server_accept_len"] == 3.2
+    s = bs.decode_line_summary(lines, 64)  # none at C: all lines
+    assert s["lines_at_c"] == 0 and s["max_running"] == 8 and s["server_gen_throughput"] == 950.0
+    no_spec = DECODE_LINES.replace("accept len: 3.10, accept rate: 0.70, ", "")
+    assert bs.parse_decode_lines(no_spec)[0]["accept_len"] is None
+    assert bs.decode_line_summary([], 1)["server_gen_throughput"] is None
+
+
+# ----------------------------------------------------------------------------------------------
+# Metrics
+# ----------------------------------------------------------------------------------------------
+
+
+def test_percentile_matches_numpy_linear():
+    import numpy as np
+
+    v = [5.0, 1.0, 9.0, 3.0, 7.5, 2.2]
+    for q in (0, 10, 50, 90, 99, 100):
+        assert bs.percentile(v, q) == pytest.approx(float(np.percentile(v, q)))
+    assert bs.percentile([], 50) is None
+
+
+def test_summarize_requests():
+    reqs = [
+        dict(ok=True, ttft_s=0.1, latency_s=1.1, output_tokens=11, verify_ct=4),   # TPOT 100 ms
+        dict(ok=True, ttft_s=0.2, latency_s=2.2, output_tokens=11, verify_ct=6),   # TPOT 200 ms
+        dict(ok=True, ttft_s=0.1, latency_s=0.1, output_tokens=1, verify_ct=None),  # no TPOT
+        dict(ok=False, error="boom", output_tokens=0),
+    ]
+    m = bs.summarize_requests(reqs, duration_s=2.5, concurrency=4)
+    assert m["completed"] == 3 and m["failed"] == 1 and m["errors"] == ["boom"]
+    assert m["total_output_tokens"] == 23 and m["output_throughput"] == pytest.approx(23 / 2.5)
+    assert m["median_tpot_ms"] == pytest.approx(150.0) and m["mean_tpot_ms"] == pytest.approx(150.0)
+    assert m["accept_length"] == pytest.approx(22 / 10)  # token-weighted over spec requests
+    assert m["median_ttft_ms"] == pytest.approx(100.0)
+    assert bs.summarize_requests([], 0.0, 1)["output_throughput"] is None
+    assert bs.num_prompts_for(1, 2, 4) == 4 and bs.num_prompts_for(128, 2, 4) == 256
+    assert bs.case_seed(0, 8) != bs.case_seed(0, 32) and bs.case_seed(1, 8) != bs.case_seed(0, 8)
+
+
+def test_sglang_client_cmd_and_parse(tmp_path):
+    cmd = bs.sglang_client_cmd("py", "http://h:1", "/m", 512, 256, 64, 32, 7, str(tmp_path / "o.jsonl"))
+    s = " ".join(cmd)
+    assert "-m sglang.benchmark.serving" in s and "--dataset-name random-ids" in s and "--tokenize-prompt" in s
+    assert "--max-concurrency 32" in s and "--random-range-ratio 1.0" in s and "--num-prompts 64" in s
+    rec = dict(duration=10.0, completed=64, total_output_tokens=16384, output_throughput=1638.4,
+               request_throughput=6.4, mean_tpot_ms=19.0, median_tpot_ms=18.5, p99_tpot_ms=25.0,
+               median_ttft_ms=120.0, accept_length=2.9)
+    (tmp_path / "o.jsonl").write_text(json.dumps({"output_throughput": 1.0}) + "\n" + json.dumps(rec) + "\n")
+    m = bs.parse_sglang_client_output(str(tmp_path / "o.jsonl"), 32)
+    assert m["output_throughput"] == 1638.4 and m["median_tpot_ms"] == 18.5 and m["accept_length"] == 2.9
+    (tmp_path / "e.jsonl").write_text("")
+    with pytest.raises(ValueError):
+        bs.parse_sglang_client_output(str(tmp_path / "e.jsonl"), 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Report
+# ----------------------------------------------------------------------------------------------
+
+
+def _case(side, c, tok_s, tpot=10.0, accept=None, study="decode", share=1.0, fit=1024, tag="m"):
+    return dict(ok=True, tag=tag, study=study, side=side, concurrency=c, input_len=8, output_len=4,
+                model_desc="desc", metrics=dict(output_throughput=tok_s, median_tpot_ms=tpot, accept_length=accept),
+                server_log=dict(cuda_graph_share=share), fit=dict(fit=fit))
+
+
+def test_report_speedups_and_notes():
+    cases = [_case("stock", 1, 100.0), _case("ours", 1, 150.0), _case("upstream", 1, 120.0),
+             _case("stock", 256, 1000.0), _case("ours", 256, 2500.0, share=0.5), _case("upstream", 256, 1250.0, fit=200),
+             dict(ok=False, tag="m", study="decode", side="ours", concurrency=8, input_len=8, output_len=4,
+                  error="server: exited")]
+    rows = bs.speedup_rows(bs.group_cases(cases)[("m", "decode", 8, 4)], "decode")
+    assert [r["concurrency"] for r in rows] == [1, 256]
+    assert rows[0]["ours/stock"] == pytest.approx(1.5) and rows[1]["ours/stock"] == pytest.approx(2.5)
+    assert rows[1]["ours/upstream"] == pytest.approx(2.0)
+    md = bs.markdown_report(cases, [], [dict(date="D", gpu="G", command="cmd x", sglang_version="0.5.17",
+                                              client="builtin")])
+    assert "`cmd x`" in md and "G" in md
+    assert "| 256 | 1000.0 | 1250.0 | 2500.0 |" in md
+    assert "2.500x" in md and "2.000x" in md
+    assert "ours C=256: CUDA graph on 50%" in md and "upstream C=256: above the server's admitted concurrency (200)" in md
+    assert "ours C=8: server: exited" in md
+    table = bs.short_table(cases)
+    assert "ours/stock" in table and "2.500x" in table
+    spec = [_case("stock", 8, 300.0, accept=3.0, study="spec"), _case("ours", 8, 330.0, accept=3.0, study="spec"),
+            _case("nospec", 8, 150.0, study="spec")]
+    rows = bs.speedup_rows(bs.group_cases(spec)[("m", "spec", 8, 4)], "spec")
+    assert rows[0]["ours/nospec"] == pytest.approx(2.2) and rows[0]["stock/nospec"] == pytest.approx(2.0)
+    assert rows[0]["ours/upstream"] is None
+    assert "330/3.00" in bs.short_table(spec)
+    assert bs.short_table([]) == "(no successful cases yet)"
+
+
+def test_plots_fail_clearly_without_matplotlib(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    files, err = bs.make_plots([_case("stock", 1, 1.0), _case("ours", 1, 2.0)], tmp_path / "plots")
+    assert files == [] and "matplotlib is not importable" in err and "--report-only" in err
+    assert bs.make_plots([], tmp_path / "plots") == ([], None)  # nothing to plot: no error
+
+
+# ----------------------------------------------------------------------------------------------
+# Streaming client against a small in-process server
+# ----------------------------------------------------------------------------------------------
+
+
+class _SSEHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    mode = "chunked"
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        n = req["sampling_params"]["max_new_tokens"]
+        if self.mode == "error":
+            body = b'{"error": "bad"}'
+            self.send_response(400)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        if self.mode == "chunked":
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Connection", "close")
+        self.end_headers()
+
+        def emit(b):
+            if self.mode == "chunked":
+                self.wfile.write(f"{len(b):x}\r\n".encode() + b + b"\r\n")
+            else:
+                self.wfile.write(b)
+            self.wfile.flush()
+
+        for k in range(1, n + 1):
+            time.sleep(0.002)
+            ev = {"text": "", "meta_info": {"completion_tokens": k, "spec_verify_ct": (k + 1) // 2,
+                                            "finish_reason": {"type": "length"} if k == n else None}}
+            emit(b"data: " + json.dumps(ev).encode() + b"\n\n")
+        emit(b"data: [DONE]\n\n")
+        if self.mode == "chunked":
+            self.wfile.write(b"0\r\n\r\n")
+        self.close_connection = True
+
+
+@pytest.mark.parametrize("mode", ["chunked", "close"])
+def test_stream_client(mode):
+    handler = type("H", (_SSEHandler,), {"mode": mode})
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        port = srv.server_address[1]
+        reqs, dur = bs.run_load("127.0.0.1", port, [[5, 6, 7]] * 6, 10, 3, quiet=True)
+        assert all(r["ok"] for r in reqs), reqs
+        assert [r["output_tokens"] for r in reqs] == [10] * 6 and reqs[0]["verify_ct"] == 5
+        assert reqs[0]["finish_reason"] == "length"
+        assert all(0 < r["ttft_s"] < r["latency_s"] for r in reqs)
+        m = bs.summarize_requests(reqs, dur, 3)
+        assert m["accept_length"] == pytest.approx(2.0) and m["median_tpot_ms"] >= 1.5
+        # At most 3 in flight: 6 requests take two waves of >= 20 ms each.
+        assert dur >= 0.04
+    finally:
+        srv.shutdown()
+
+
+def test_stream_client_errors():
+    handler = type("H", (_SSEHandler,), {"mode": "error"})
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        reqs, _ = bs.run_load("127.0.0.1", srv.server_address[1], [[1]], 4, 1, quiet=True)
+        assert not reqs[0]["ok"] and "HTTP 400" in reqs[0]["error"]
+    finally:
+        srv.shutdown()
+    port = bs.e2e.pick_port(0)  # nothing listens there
+    reqs, _ = bs.run_load("127.0.0.1", port, [[1]], 4, 1, quiet=True)
+    assert not reqs[0]["ok"] and "Error" in reqs[0]["error"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Whole script against a fake server
+# ----------------------------------------------------------------------------------------------
+
+FAKE_SERVER = r'''
+import json, os, subprocess, sys, threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+args = sys.argv[1:]
+assert args[:2] == ["-m", "sglang.launch_server"], args
+args = args[2:]
+def opt(name, default=None):
+    return args[args.index(name) + 1] if name in args else default
+port, host = int(opt("--port")), opt("--host", "127.0.0.1")
+backend = opt("--mamba-backend")
+spec = "--speculative-algorithm" in args
+upstream = "--enable-linear-replayssm" in args or "--enable-linear-replayssm-spec" in args
+side = "ours" if backend == "replayssm" else ("upstream" if upstream else "stock")
+env = os.environ
+def log(msg):
+    print(f"[fake] {msg}", flush=True)
+
+log("args " + " ".join(args))
+if side in env.get("FAKE_FAIL_SIDES", "").split(","):
+    log("Traceback (most recent call last):\nRuntimeError: boom")
+    sys.exit(1)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+with open(env["FAKE_PIDFILE"], "a") as f:
+    f.write(f"{os.getpid()} {child.pid}\n")
+import signal
+def _term(*_):  # reap the "scheduler" child first: an orphaned zombie lingers ~1 s in this container
+    child.terminate()
+    child.wait()
+    os._exit(0)
+signal.signal(signal.SIGTERM, _term)
+mrr = int(opt("--max-running-requests", "48"))
+slots = 300
+if side == "ours":
+    log(f"ReplaySSM memory: {slots} mamba slots (+1 padding) x 51.13 MiB (state 48.00 + rings 3.13 MiB); no per-draft state scratch reserved; 40.00 GiB left for the KV cache.")
+issm = " intermediate_ssm_state_cache size: 56.60GB intermediate_conv_window_cache size: 1.32GB" if spec and side == "stock" else ""
+if spec and side != "stock":
+    issm = " intermediate_ssm_state_cache size: 0.00GB intermediate_conv_window_cache size: 0.11GB"
+log(f"Mamba Cache is allocated. max_mamba_cache_size: {slots}, conv_state size: 0.33GB, ssm_state size: 14.12GB{issm} ")
+if side == "ours":
+    log(f"ReplaySSM pool (gdn, 24 SSM layers, ring_len=16, rings in bfloat16): per slot checkpoint 48.00 MiB + rings 3.13 MiB + cursors 8 B; {slots + 1} slots: checkpoints 14.121 GiB, rings 0.920 GiB")
+if side == "upstream":
+    log("GDN ReplaySSM ring buffers allocated (record_len=16, fold=False): d=0.500GB, k=0.250GB, g=0.004GB ")
+log("KV Cache is allocated. dtype: torch.bfloat16, #tokens: 100000, K size: 3.05 GB, V size: 3.05 GB")
+log(f"max_total_num_tokens=100000, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests={min(mrr, 290)}, context_len=32768, available_gpu_mem=20.11 GB")
+log(f"Capture target {'verify' if spec else 'decode'} CUDA graph end. elapsed=0.10 s")
+
+STEP = {"stock": 0.006, "upstream": 0.004, "ours": 0.003}[side]
+ACCEPT = 3 if spec else 1
+running = [0]
+lock = threading.Lock()
+
+def reporter():
+    while True:
+        time.sleep(0.03)
+        with lock:
+            n = running[0]
+        if n:
+            acc = f"accept len: {ACCEPT:.2f}, accept rate: 0.67, " if spec else ""
+            log(f"Decode batch, #running-req: {n}, #full token: 10, full token usage: 0.00, mamba num: {n}, "
+                f"mamba usage: 0.00, {acc}cuda graph: True, gen throughput (token/s): {n * ACCEPT / STEP:.2f}, #queue-req: 0")
+threading.Thread(target=reporter, daemon=True).start()
+
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a):
+        pass
+    def _json(self, code, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        self._json(200 if self.path == "/health" else 404, {})
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path == "/flush_cache":
+            self._json(200, {})
+            return
+        req = json.loads(body)
+        sp = req["sampling_params"]
+        assert sp["temperature"] == 0 and sp["ignore_eos"] is True and req["stream"] is True
+        assert all(5 <= t < 2048 for t in req["input_ids"]), "prompt ids outside the tokenizer range"
+        n = sp["max_new_tokens"]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        def emit(b):
+            self.wfile.write(f"{len(b):x}\r\n".encode() + b + b"\r\n")
+            self.wfile.flush()
+        with lock:
+            running[0] += 1
+        try:
+            done, steps = 0, 0
+            time.sleep(0.002)  # prefill
+            while done < n:
+                time.sleep(STEP)
+                done, steps = min(n, done + (1 if steps == 0 else ACCEPT)), steps + 1
+                meta = {"completion_tokens": done}
+                if spec:
+                    meta["spec_verify_ct"] = steps
+                emit(b"data: " + json.dumps({"text": "", "meta_info": meta}).encode() + b"\n\n")
+            emit(b"data: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
+        finally:
+            with lock:
+                running[0] -= 1
+        self.close_connection = True
+
+ThreadingHTTPServer.request_queue_size = 256  # the default backlog (5) stalls bursts of connections
+srv = ThreadingHTTPServer((host, port), H)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+time.sleep(float(env.get("FAKE_STARTUP_S", "0.1")))
+log("The server is fired up and ready to roll!")
+while True:
+    time.sleep(1)
+'''
+
+
+@pytest.fixture()
+def fake(tmp_path, monkeypatch):
+    server = tmp_path / "fake_server.py"
+    server.write_text(FAKE_SERVER)
+    py = tmp_path / "fakepython"
+    py.write_text(f"#!/bin/sh\nexec {sys.executable} {server} \"$@\"\n")
+    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    pidfile = tmp_path / "pids.txt"
+    monkeypatch.setenv("FAKE_PIDFILE", str(pidfile))
+    for k in ("FAKE_FAIL_SIDES", "FAKE_STARTUP_S", "SGLANG_PLUGINS"):
+        monkeypatch.delenv(k, raising=False)
+    models = {}
+    for name, cfg in {
+        "gdn": {"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"], "vocab_size": 151936},
+        "m2": {"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"], "vocab_size": 131072},
+    }.items():
+        d = tmp_path / "models" / name
+        d.mkdir(parents=True)
+        (d / "config.json").write_text(json.dumps(cfg))
+        (d / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {f"t{i}": i for i in range(2048)}},
+                                                      "added_tokens": [{"id": i} for i in range(5)]}))
+        models[name] = str(d)
+    # package_version() calls the interpreter with -c: the fake does not handle that, so it says "unknown".
+    return dict(py=str(py), models=models, pidfile=pidfile, out=tmp_path / "out")
+
+
+def _run(fake, model, *extra, study="decode", concs="1,4"):
+    argv = ["--out", str(fake["out"]), "--model-dir", fake["models"][model], "--tag", model, "--study", study,
+            "--python", fake["py"], "--concurrency", concs, "--input-len", "8", "--output-len", "12",
+            "--rounds", "2", "--min-prompts", "2", "--startup-timeout", "30", "--no-plots", "--quiet", *extra]
+    return bs.main(argv)
+
+
+def _assert_all_stopped(pidfile):
+    pids = [int(x) for line in pidfile.read_text().split("\n") if line for x in line.split()]
+    assert pids
+    deadline = time.time() + 10
+    alive = pids
+    while alive and time.time() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+                if Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z":
+                    alive.append(pid)
+            except (ProcessLookupError, FileNotFoundError, IndexError):
+                pass
+        if alive:
+            time.sleep(0.2)
+    assert not alive, f"processes still running: {alive}"
+
+
+def test_decode_sweep_resume_and_report(fake, capsys):
+    out = fake["out"]
+    rc = _run(fake, "gdn")
+    assert rc == 0
+    cases = {p.stem: json.loads(p.read_text()) for p in (out / "cases").glob("*.json")}
+    assert len(cases) == 6 and all(c["ok"] for c in cases.values())
+    ours4 = cases["gdn__decode__ours__c4__i8o12"]
+    assert ours4["num_prompts"] == 8 and ours4["metrics"]["completed"] == 8
+    assert ours4["metrics"]["total_output_tokens"] == 8 * 12
+    assert ours4["fit"]["fit"] == 290 and ours4["fit"]["by_kv"] == 100000 // 20
+    assert ours4["server_log"]["lines"] > 0 and ours4["server_log"]["cuda_graph_share"] == 1.0
+    assert "--mamba-backend replayssm" in " ".join(ours4["server_cmd"])
+    assert "--load-format dummy" in " ".join(ours4["server_cmd"])
+    up = cases["gdn__decode__upstream__c1__i8o12"]
+    assert "--enable-linear-replayssm" in up["server_cmd"] and "--mamba-backend triton" in " ".join(up["server_cmd"])
+    # Fake step times: stock 6 ms, upstream 4 ms, ours 3 ms per token.
+    s4 = cases["gdn__decode__stock__c4__i8o12"]["metrics"]
+    assert ours4["metrics"]["output_throughput"] > s4["output_throughput"]
+    assert s4["median_tpot_ms"] > ours4["metrics"]["median_tpot_ms"]
+    servers = {p.stem: json.loads(p.read_text()) for p in (out / "servers").glob("*.json")}
+    assert servers["gdn__decode__ours"]["memory"]["replayssm_rings_gib"] == 0.920
+    assert servers["gdn__decode__upstream"]["memory"]["upstream_rings_gib"] == pytest.approx(0.754)
+    assert servers["gdn__decode__stock"]["sglang_plugins"] == bs.e2e.NO_PLUGINS
+    assert servers["gdn__decode__ours"]["sglang_plugins"] is None
+    md = (out / "report.md").read_text()
+    assert "## gdn, decode (input 8, output 12)" in md and "ours/stock" in md and "ours/upstream" in md
+    assert "unknown (no nvidia-smi)" in md or "unknown" in md
+    assert "bench_serving.py" in md  # the exact command
+    printed = capsys.readouterr().out
+    assert printed.rstrip().splitlines()[-1].lstrip().startswith("4 ")  # short table printed last
+    _assert_all_stopped(fake["pidfile"])
+
+    # Resume: nothing left, no server started.
+    n_launch = len(fake["pidfile"].read_text().splitlines())
+    t0 = time.time()
+    assert _run(fake, "gdn") == 0 and time.time() - t0 < 10
+    assert len(fake["pidfile"].read_text().splitlines()) == n_launch
+    # A new concurrency runs only that case on each side; --only restricts the sides.
+    assert _run(fake, "gdn", "--only", "ours", concs="1,2,4") == 0
+    assert len(fake["pidfile"].read_text().splitlines()) == n_launch + 1
+    assert (out / "cases" / "gdn__decode__ours__c2__i8o12.json").exists()
+    assert not (out / "cases" / "gdn__decode__stock__c2__i8o12.json").exists()
+    assert _run(fake, "gdn", "--only", "nospec") == 2  # not a side of the decode study
+    # Report only, packed for the trip back from the device (no models/, report.md beside it).
+    (out / "models" / "m").mkdir(parents=True)
+    (out / "models" / "m" / "big.safetensors").write_bytes(b"x" * 100)
+    tgz = fake["out"].parent / "back" / "bench.tgz"
+    assert bs.main(["--out", str(out), "--report-only", "--no-plots", "--pack", str(tgz)]) == 0
+    import tarfile
+
+    names = tarfile.open(tgz).getnames()
+    assert "cases/gdn__decode__ours__c2__i8o12.json" in names and "report.md" in names
+    assert not any(n.startswith("models") for n in names) and any(n.startswith("logs/") for n in names)
+    assert (tgz.parent / "report.md").read_text() == (out / "report.md").read_text()
+
+
+def test_time_budget_leaves_cases_for_the_next_call(fake, monkeypatch):
+    # 39 s budget, 38 s needed to launch a server: the first starts; it takes > 1 s, so the next may not.
+    monkeypatch.setenv("FAKE_STARTUP_S", "1.0")
+    rc = _run(fake, "gdn", "--time-budget", "39", "--min-server-s", "38", "--min-case-s", "5", concs="1")
+    assert rc == 3
+    done = sorted(p.stem for p in (fake["out"] / "cases").glob("*.json"))
+    assert done == ["gdn__decode__stock__c1__i8o12"]
+    monkeypatch.delenv("FAKE_STARTUP_S")
+    rc = _run(fake, "gdn", concs="1")
+    assert rc == 0 and len(list((fake["out"] / "cases").glob("*.json"))) == 3
+
+
+def test_mamba2_spec_study_skips_upstream(fake):
+    rc = _run(fake, "m2", study="spec", concs="2")
+    assert rc == 0
+    cases = {p.stem: json.loads(p.read_text()) for p in (fake["out"] / "cases").glob("*.json")}
+    skip = cases["m2__spec__upstream__c0__i8o12"]
+    assert skip["skipped"] and "GDN" in skip["reason"]
+    ours = cases["m2__spec__ours__c2__i8o12"]
+    cmd = " ".join(ours["server_cmd"])
+    assert "--speculative-algorithm NEXTN" in cmd and "--attention-backend flashinfer" in cmd
+    assert "--load-format" not in cmd  # --weights auto: spec uses the built (real) weights
+    assert ours["metrics"]["accept_length"] == pytest.approx(12 / 5)  # 1 + 3 + 3 + 3 + 2 tokens in 5 steps
+    assert ours["server_log"]["server_accept_len"] == 3.0
+    nospec = cases["m2__spec__nospec__c2__i8o12"]
+    assert "--speculative-algorithm" not in " ".join(nospec["server_cmd"])
+    assert nospec["metrics"]["accept_length"] is None
+    servers = {p.stem: json.loads(p.read_text()) for p in (fake["out"] / "servers").glob("*.json")}
+    assert servers["m2__spec__stock"]["memory"]["intermediate_ssm_gib"] == 56.60
+    assert "intermediate_ssm_gib" not in servers["m2__spec__ours"]["memory"]
+    md = (fake["out"] / "report.md").read_text()
+    assert "ours/nospec" in md and "## Skipped" in md and "56.60" in md
+    _assert_all_stopped(fake["pidfile"])
+
+
+def test_server_failure_is_reported_and_retried(fake, monkeypatch):
+    monkeypatch.setenv("FAKE_FAIL_SIDES", "ours")
+    rc = _run(fake, "gdn", concs="1")
+    assert rc == 1
+    cases = {p.stem: json.loads(p.read_text()) for p in (fake["out"] / "cases").glob("*.json")}
+    assert not cases["gdn__decode__ours__c1__i8o12"]["ok"]
+    assert "exited" in cases["gdn__decode__ours__c1__i8o12"]["error"]
+    assert cases["gdn__decode__stock__c1__i8o12"]["ok"]
+    srv = json.loads((fake["out"] / "servers" / "gdn__decode__ours.json").read_text())
+    assert any("Traceback" in p for p in srv["problems"])
+    assert "Failed or incomplete" in (fake["out"] / "report.md").read_text()
+    monkeypatch.delenv("FAKE_FAIL_SIDES")
+    assert _run(fake, "gdn", concs="1") == 0  # only the failed case is retried
+    assert json.loads((fake["out"] / "cases" / "gdn__decode__ours__c1__i8o12.json").read_text())["ok"]
+    _assert_all_stopped(fake["pidfile"])
+
+
+def test_sglang_client_refused_when_tokenizer_smaller_than_vocab(fake, capsys):
+    assert _run(fake, "gdn", "--client", "sglang", concs="1") == 2
+    assert "empty text" in capsys.readouterr().err
