@@ -19,6 +19,10 @@ state snapshots); `intermediate_conv_window` is, since conv rollback still uses 
 
 Cursor lifecycle (an empty ring is `wpos = origin = 0`; ring contents are then ignored):
 
+    any slot allocation   MambaSlotAllocator._do_alloc (hook pool.slot_alloc_reset) reset
+                          (working slots, ping-pong track slots, lazy track slots,
+                          radix copy-on-write / donation slots: every slot that
+                          leaves the free list, whatever its previous life)
     slot allocation       HybridReqToTokenPool.alloc (hook pool.alloc_reset)     reset
     clear_slots           new request without prefix hit                          reset
     copy_from (COW)       dst := src checkpoint with src's pending entries        dst reset
@@ -294,6 +298,8 @@ class ReplaySSMMambaPool(MambaPool):
         self.replayssm_rings = rings
         self.replayssm_layer_rings = [rings.layer(i) for i in range(num_layers)]
         self.replayssm_fold_fn: Optional[FoldFn] = _gdn_fold if ctx.family == "gdn" else None
+        # Mamba-2: the `(A, dt_bias)` pair the fold reads (set_replayssm_mamba2_params).
+        self.replayssm_mamba2_params: Optional[tuple] = None
 
         usage = self.mamba_cache.mem_usage_bytes() + 2 * self.replayssm_wpos.numel() * 4
         if windows is not None:
@@ -398,6 +404,7 @@ class ReplaySSMMambaPool(MambaPool):
             mamba2_replay_fold(state, rings, A, dt_bias, slot_idx, row_nfold, row_origin, dst=dst, dst_idx=dst_idx,
                                snap_at=snap_at, snap_slot=snap_slot)
 
+        self.replayssm_mamba2_params = (A, dt_bias)
         self.replayssm_fold_fn = fold
 
     def replayssm_reset_cursors(self, indices) -> None:
@@ -492,6 +499,33 @@ def around_alloc(original, self, reqs, *args, **kwargs):
     out = original(self, reqs, *args, **kwargs)
     if out is not None and fresh:
         pool.replayssm_reset_cursors(torch.stack([torch.as_tensor(r.mamba_pool_idx).reshape(()) for r in fresh]))
+    return out
+
+
+def after_init_mamba_pool(_result, self, *args, **kwargs):
+    """AFTER `HybridReqToTokenPool._init_mamba_pool`: hand the slot allocator its ReplaySSM pool,
+    so `around_slot_alloc` can empty the rings of every slot it gives out."""
+    pool = getattr(self, "mamba_pool", None)
+    if isinstance(pool, ReplaySSMMambaPool):
+        self.mamba_allocator._replayssm_pool = pool
+
+
+def around_slot_alloc(original, self, need_size, *args, **kwargs):
+    """AROUND `MambaSlotAllocator._do_alloc(need_size)`: the slots taken off the free list start
+    with empty rings.
+
+    A freed slot keeps the cursors of its last life (a finished request's working slot usually
+    has pending entries). Only `HybridReqToTokenPool.alloc` resets the working slot; the ping-pong
+    track slots (`_alloc_ping_pong_buffer`, the lazy extra_buffer slots) and the radix cache's
+    own slots come straight from the allocator. A track slot holds a full checkpoint written by
+    the track copy, and `cache_finished_req` (extra_buffer) inserts it into the tree as is: with
+    stale cursors, the copy-on-write of a later prefix hit would fold stale ring entries into
+    the new request's state. Runs on the scheduler's stream, like SGLang's own allocation-time
+    cursor reset (`HybridReqToTokenPool.alloc`)."""
+    out = original(self, need_size, *args, **kwargs)
+    pool = getattr(self, "_replayssm_pool", None)
+    if pool is not None and out is not None:
+        pool.replayssm_reset_cursors(out)
     return out
 
 

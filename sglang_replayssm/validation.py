@@ -15,8 +15,9 @@ Order inside `ServerArgs.__post_init__` (server_args.py L3435):
     ... SGLang handlers ...
     after_handle_mamba_backend  model family (needs the model config, loaded by then)
     ... handle_speculative_decoding (NGRAM sets speculative_eagle_topk) ...
-    around_post_init  (after)   draft window vs ring length, tree drafts, DFlash/DSpark; stores
-                                the ring length on the instance; installs the runtime hooks
+    around_post_init  (after)   two-batch overlap, draft window vs ring length, tree drafts,
+                                DFlash/DSpark; stores the ring length on the instance;
+                                installs the runtime hooks
 """
 
 from __future__ import annotations
@@ -240,6 +241,13 @@ def check_after(sa) -> None:
         raise _err(f"PD disaggregation is not supported (--disaggregation-mode {mode} was resolved).")
     if getattr(sa, "enable_unified_memory", False):
         raise _err("--enable-unified-memory is not supported (it was enabled during resolution).")
+    if getattr(sa, "enable_two_batch_overlap", False):
+        raise _err(
+            "--enable-two-batch-overlap is not supported: TboAttnBackend prepares every batch on "
+            "its primary backend and again on the two child backends (tbo_backend.py "
+            "init_forward_metadata), which would advance the ReplaySSM ring cursors twice per "
+            "decode step. Drop --enable-two-batch-overlap."
+        )
     if getattr(sa, "mamba_ssm_dtype", None) != _FP32:
         raise _err(
             f"the SSM state dtype resolved to {sa.mamba_ssm_dtype!r}; the exact fold needs "

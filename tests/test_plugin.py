@@ -242,6 +242,7 @@ def test_unsupported_sglang_version_refuses(models, monkeypatch):
         (dict(enable_linear_replayssm_spec=True), "--enable-linear-replayssm-spec"),
         (dict(enable_int8_mamba_checkpoint=True), "--enable-int8-mamba-checkpoint"),
         (dict(enable_hierarchical_cache=True), "--enable-hierarchical-cache"),
+        (dict(enable_two_batch_overlap=True), "--enable-two-batch-overlap"),
         (dict(mamba_ssm_dtype="bfloat16"), "--mamba-ssm-dtype"),
         (dict(mamba_ssm_dtype="float16"), "--mamba-ssm-dtype"),
     ],
@@ -343,7 +344,8 @@ def test_validation_happy_path_gdn(models, fake_backends):
     assert sa._replayssm_validated == sglang_replayssm.__version__
     st = sglang_replayssm.STATUS
     for name in ("ssu.registry", "pool.class", "pool.build_context", "pool.alloc_reset", "pool.donate_reset",
-                 "memory.solver", "backend.gdn", "commit.after_verify", "commit.mtp_verify"):
+                 "pool.allocator_link", "pool.slot_alloc_reset", "memory.solver", "backend.gdn",
+                 "commit.after_verify", "commit.mtp_verify"):
         assert st[name] in ("applied", "already applied"), (name, st[name])
     assert st["backend.mamba2"].startswith("skipped (not needed for gdn")
     assert HybridReqToTokenPool.mamba_pool_cls is ReplaySSMMambaPool

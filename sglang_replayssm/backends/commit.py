@@ -45,9 +45,13 @@ def commit_after_verify(original, target_worker, batch, accept_lens, accept_inde
         fold_window = torch.where(tracked, steps_to_track + 1, 0).to(torch.int32).contiguous()
         snap_at = torch.where(tracked, wp_before + steps_to_track + 1, -1).to(torch.int32).contiguous()
         snap_slot = torch.where(tracked, batch.mamba_track_indices, -1).to(torch.int32).contiguous()
+    # Early-flush margin: the next window must fit, and the next window may be longer than this
+    # one (adaptive speculation switches between step configurations; the pool was sized for
+    # the largest, --max-speculative-num-draft-tokens).
+    t_max = max(int(draft_token_num), int(pool.replayssm_max_draft_tokens or 0))
     n_fold, origin = commit_prepare(
         slots, pool.replayssm_wpos, pool.replayssm_origin, accept_lens.to(torch.int32).contiguous(),
-        pool.replayssm_ring_len, draft_token_num, fold_window=fold_window,
+        pool.replayssm_ring_len, t_max, fold_window=fold_window,
     )
     pool.replayssm_fold_fn(pool.mamba_cache.temporal, pool.replayssm_rings, slots, n_fold, origin,
                            snap_at=snap_at, snap_slot=snap_slot)

@@ -38,11 +38,14 @@ class Mamba2LayerContext:
 
     def decode_rows(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.mode == "decode":
+            # The mixer's decode rows are rows 0..n-1 of the batch (no prefill rows). n is smaller
+            # than the snapshot when DP attention padded the batch (`_original_batch_size`): the
+            # padded rows are slot -1 and the mixer leaves them out.
             row_wp, row_flush = self.batch.row_wp, self.batch.row_flush
-            if row_wp is None or row_wp.shape[0] != n:
+            if row_wp is None or row_wp.shape[0] < n:
                 raise RuntimeError(f"ReplaySSM: decode snapshot for {None if row_wp is None else row_wp.shape[0]} "
                                    f"rows, SSU called with {n}")
-            return row_wp, row_flush
+            return row_wp[:n], row_flush[:n]
         return self.batch.exact_rows(n)
 
 
@@ -60,12 +63,18 @@ class ReplaySSMMamba2AttnBackend(Mamba2AttnBackend):
         self._rssm = ReplaySSMBatchState(pool, self.device) if pool is not None else None
         self._params: dict = {}
         if pool is not None:
-            Lm, NH = len(pool.mamba_layer_ids), pool.replayssm_dims["NH"]
-            # Filled per layer on its first forward (weights are loaded by then); the pool's
-            # copy-on-write fold reads them.
-            self._A_all = torch.zeros(Lm, NH, dtype=torch.float32, device=self.device)
-            self._dtb_all = torch.zeros(Lm, NH, dtype=torch.float32, device=self.device)
-            pool.set_replayssm_mamba2_params(self._A_all, self._dtb_all)
+            # `[Lm, NH]` A and dt_bias of the pool's exact fold (materialize, commit, copy-on-write),
+            # filled per layer on the layer's first forward (weights are loaded by then). One pair
+            # per pool, shared by every backend built on it (TBO children, adaptive speculative
+            # states, PD multiplexing, a draft runner sharing the pool): a second instance must not
+            # replace the fold's parameters with buffers that only it fills.
+            if pool.replayssm_mamba2_params is None:
+                Lm, NH = len(pool.mamba_layer_ids), pool.replayssm_dims["NH"]
+                pool.set_replayssm_mamba2_params(
+                    torch.zeros(Lm, NH, dtype=torch.float32, device=self.device),
+                    torch.zeros(Lm, NH, dtype=torch.float32, device=self.device),
+                )
+            self._A_all, self._dtb_all = pool.replayssm_mamba2_params
 
     # -- metadata ------------------------------------------------------------------------------
     def init_forward_metadata(self, forward_batch):

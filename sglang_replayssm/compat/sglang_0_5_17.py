@@ -140,6 +140,29 @@ HOOKS = (
         why="memory_pool.py L1294: a freshly assigned mamba slot must start with empty rings.",
     ),
     HookSpec(
+        name="pool.allocator_link",
+        target=f"{_POOL}:HybridReqToTokenPool._init_mamba_pool",
+        kind=AFTER,
+        impl="sglang_replayssm.pool:after_init_mamba_pool",
+        tier=TIER_RUNTIME,
+        why="memory_pool.py L1191: builds mamba_pool (mamba_pool_cls) and then mamba_allocator "
+        "(L1220, a MambaSlotAllocator); links the allocator to the ReplaySSM pool for "
+        "pool.slot_alloc_reset.",
+    ),
+    HookSpec(
+        name="pool.slot_alloc_reset",
+        target="sglang.srt.mem_cache.allocator.mamba:MambaSlotAllocator._do_alloc",
+        kind=AROUND,
+        impl="sglang_replayssm.pool:around_slot_alloc",
+        tier=TIER_RUNTIME,
+        why="allocator/mamba.py L81: the one place slots leave the free list (alloc() and "
+        "alloc_group_begin() both go through it). Ping-pong track slots "
+        "(memory_pool.py L1400 _alloc_ping_pong_buffer), lazy track slots (schedule_batch.py "
+        "L2882) and radix-cache slots (mamba_radix_cache.py L1026/L1165) bypass "
+        "HybridReqToTokenPool.alloc; cache_finished_req (extra_buffer, L597) inserts the kept "
+        "track slot into the tree without copy_from, so its cursors must be empty.",
+    ),
+    HookSpec(
         name="pool.donate_reset",
         target=f"{_POOL}:HybridReqToTokenPool.donate_mamba_ping_pong_slot",
         kind=AROUND,
