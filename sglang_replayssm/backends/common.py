@@ -140,3 +140,28 @@ class ReplaySSMBatchState:
             raise RuntimeError("ReplaySSM: no exact fold registered on the pool")
         pool.replayssm_fold_fn(pool.mamba_cache.temporal, pool.replayssm_rings, slots, n, org)
         reset_cursors(slots, pool.replayssm_wpos, pool.replayssm_origin)
+
+
+class ReplaySSMMetadataMixin:
+    """Per-batch ReplaySSM preparation for an SGLang `MambaAttnBackendBase` subclass.
+
+    Put it first in the bases; the subclass sets `self._rssm` (a `ReplaySSMBatchState`, or None
+    when the pool is not a ReplaySSM pool: then these are the parent's methods unchanged)."""
+
+    _rssm: Optional[ReplaySSMBatchState] = None
+
+    def init_forward_metadata(self, forward_batch):
+        super().init_forward_metadata(forward_batch)
+        if self._rssm is not None:
+            self._rssm.prepare(forward_batch, self.forward_metadata.mamba_cache_indices, graph=False, in_capture=False)
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
+        if self._rssm is not None:
+            self._rssm.prepare(forward_batch, self.forward_metadata.mamba_cache_indices, graph=True,
+                               in_capture=in_capture)
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        super().init_cuda_graph_state(max_bs, max_num_tokens)
+        if self._rssm is not None:
+            self._rssm.init_graph_buffers(max_bs)

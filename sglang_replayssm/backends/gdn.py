@@ -18,31 +18,14 @@ from sglang.kernels.ops.mamba.causal_conv1d_triton import causal_conv1d_update
 from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
 
 from replayssm_kernels.gdn import gdn_replay_decode, gdn_replay_verify
-from sglang_replayssm.backends.common import ReplaySSMBatchState, replayssm_pool_of
+from sglang_replayssm.backends.common import ReplaySSMBatchState, ReplaySSMMetadataMixin, replayssm_pool_of
 
 
-class ReplaySSMGDNAttnBackend(GDNAttnBackend):
+class ReplaySSMGDNAttnBackend(ReplaySSMMetadataMixin, GDNAttnBackend):
     def __init__(self, model_runner):
         super().__init__(model_runner)
         pool = replayssm_pool_of(model_runner, "gdn")
         self._rssm = ReplaySSMBatchState(pool, self.device) if pool is not None else None
-
-    # -- metadata ------------------------------------------------------------------------------
-    def init_forward_metadata(self, forward_batch):
-        super().init_forward_metadata(forward_batch)
-        if self._rssm is not None:
-            self._rssm.prepare(forward_batch, self.forward_metadata.mamba_cache_indices, graph=False, in_capture=False)
-
-    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
-        super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
-        if self._rssm is not None:
-            self._rssm.prepare(forward_batch, self.forward_metadata.mamba_cache_indices, graph=True,
-                               in_capture=in_capture)
-
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
-        super().init_cuda_graph_state(max_bs, max_num_tokens)
-        if self._rssm is not None:
-            self._rssm.init_graph_buffers(max_bs)
 
     # -- layers --------------------------------------------------------------------------------
     def _layer(self, layer_id: int):

@@ -22,7 +22,7 @@ import torch
 
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
 
-from sglang_replayssm.backends.common import ReplaySSMBatchState, replayssm_pool_of
+from sglang_replayssm.backends.common import ReplaySSMBatchState, ReplaySSMMetadataMixin, replayssm_pool_of
 
 
 @dataclass
@@ -56,7 +56,7 @@ def current_context() -> Optional[Mamba2LayerContext]:
     return _CURRENT
 
 
-class ReplaySSMMamba2AttnBackend(Mamba2AttnBackend):
+class ReplaySSMMamba2AttnBackend(ReplaySSMMetadataMixin, Mamba2AttnBackend):
     def __init__(self, model_runner):
         super().__init__(model_runner)
         pool = replayssm_pool_of(model_runner, "mamba2")
@@ -75,23 +75,6 @@ class ReplaySSMMamba2AttnBackend(Mamba2AttnBackend):
                     torch.zeros(Lm, NH, dtype=torch.float32, device=self.device),
                 )
             self._A_all, self._dtb_all = pool.replayssm_mamba2_params
-
-    # -- metadata ------------------------------------------------------------------------------
-    def init_forward_metadata(self, forward_batch):
-        super().init_forward_metadata(forward_batch)
-        if self._rssm is not None:
-            self._rssm.prepare(forward_batch, self.forward_metadata.mamba_cache_indices, graph=False, in_capture=False)
-
-    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
-        super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
-        if self._rssm is not None:
-            self._rssm.prepare(forward_batch, self.forward_metadata.mamba_cache_indices, graph=True,
-                               in_capture=in_capture)
-
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
-        super().init_cuda_graph_state(max_bs, max_num_tokens)
-        if self._rssm is not None:
-            self._rssm.init_graph_buffers(max_bs)
 
     # -- layers --------------------------------------------------------------------------------
     def _layer_params(self, mixer, layer_id: int):
