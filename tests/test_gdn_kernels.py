@@ -90,7 +90,7 @@ def test_gdn_decode(B, H, HV, K, V, L, dtype, steps, device, assert_within_basel
 
 
 @pytest.mark.parametrize("cfg", [
-    pytest.param((0, 32, 1, 3, 8, 0, 0), id="fused-flushcols8"),
+    pytest.param((0, 32, 1, 3, 32, 0, 0), id="fused-flushcols32"),
     pytest.param((1, 64, 4, 2, 16, 0, 1), id="split-bv64-w4-evict"),
     pytest.param((1, 128, 4, 2, 32, 1, 0), id="split-bv128-w4-dot"),
 ])
@@ -164,6 +164,16 @@ def test_gdn_verify_launch_variants(cfg, device, assert_within_baseline):
 
     with override("gdn_verify", cfg):
         test_gdn_verify_commit(2, 1, 3, 48, 40, 5, 3, bf16, 6, device, assert_within_baseline)
+
+
+def test_gdn_fold_whole_tile(device, assert_within_baseline):
+    """The fold replayed on the whole 32-column tile (configs.gdn_fold_cols; the default is 8)
+    keeps the state exact too."""
+    from replayssm_kernels.configs import override
+
+    with override("gdn_fold_cols", (32,)):
+        test_gdn_verify_commit(2, 1, 2, 32, 40, 8, 4, bf16, 8, device, assert_within_baseline)
+        test_gdn_fold_snapshot_at_track_step(device)
 
 
 def test_gdn_partial_fold_rotates_origin(device):

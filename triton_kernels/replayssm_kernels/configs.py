@@ -49,13 +49,17 @@ class GDNDecodeConfig:
     block_v: int = 32
     num_warps: int = 1
     num_stages: int = 3
-    flush_cols: int = 32
+    flush_cols: int = 8
     use_dot: bool = False
     evict_first: bool = False
 
 
-# Default measured on one H200 (2026-11-30, docs/perf.md): fused, 32 columns, one warp, warp
-# reductions (the tf32x3 variant was 1.4-1.5x slower there).
+# Default: fused, 32 columns, one warp, warp reductions (the tf32x3 variant was 1.4-1.5x slower on
+# one H200, 2026-11-30), flush replayed 8 columns at a time: ptxas (sm_90) reports 128 registers
+# per thread instead of 255 with whole-tile replay, and the TTGIR reduction layout of the 8-column
+# tile is the baseline's (K over 32 lanes, rows t, t+32, t+64, t+96 per thread, one warp), so every
+# column reduces in the same order (docs/perf.md, "Offline analysis"). Bit-exactness of this
+# default on the GPU is checked by the GPU test run; the whole-tile plan is `flush_cols=32`.
 _GDN_DECODE_DEFAULT = GDNDecodeConfig()
 
 
@@ -98,3 +102,12 @@ def ring_min_batch(family: str) -> int:
     if f"{family}_ring_min_batch" in _OVERRIDES:
         return _OVERRIDES[f"{family}_ring_min_batch"][0]
     return _RING_MIN_BATCH[family]
+
+
+def gdn_fold_cols() -> int:
+    """V columns the GDN fold replays at a time (divides 32): 8 needs 128 registers per thread
+    instead of 168 for the whole 32-column tile (ptxas, sm_90), with the same per-column reduction
+    order (see the decode default above)."""
+    if "gdn_fold_cols" in _OVERRIDES:
+        return _OVERRIDES["gdn_fold_cols"][0]
+    return 8

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..configs import gdn_fold_cols
 from .common import gdn_exact_step
 from .rings import GDNRings, check_gdn_rings
 
@@ -29,7 +30,8 @@ def _gdn_fold_kernel(
     stride_rawv_layer, stride_rawv_slot, stride_rawk_layer, stride_rawk_slot,
     stride_g_layer, stride_g_slot, stride_beta_layer, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, RL: tl.constexpr, HAS_DST: tl.constexpr, HAS_SNAP: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, RL: tl.constexpr, HAS_DST: tl.constexpr,
+    HAS_SNAP: tl.constexpr,
 ):
     NV = (V + BV - 1) // BV
     i_v, i_nh, i_l = tl.program_id(0) % NV, tl.program_id(0) // NV, tl.program_id(1)
@@ -50,35 +52,36 @@ def _gdn_fold_kernel(
         b_snap_slot = tl.load(snap_slot + i_n).to(tl.int64)
 
     o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
     mask_k = o_k < K
-    mask_v = o_v < V
-    mask_h = mask_k[:, None] & mask_v[None, :]
-
-    p_h = state + i_l * stride_state_layer + slot * stride_state_slot + i_hv * K * V + o_v[None, :] * K + o_k[:, None]
-    b_h = tl.load(p_h, mask=mask_h, other=0).to(tl.float32)
-
     p_rk = ring_rawk + i_l * stride_rawk_layer + slot * stride_rawk_slot + i_h * RL * K + o_k
-    p_rv = ring_rawv + i_l * stride_rawv_layer + slot * stride_rawv_slot + i_hv * RL * V + o_v
     p_rg = ring_g + i_l * stride_g_layer + slot * stride_g_slot + i_hv * RL
     p_rb = ring_beta + i_l * stride_beta_layer + slot * stride_beta_slot + i_hv * RL
-    for j in range(0, n_fold):
-        phys = (org + j) % RL
-        b_k = tl.load(p_rk + phys * K, mask=mask_k, other=0).to(tl.float32)
-        b_v = tl.load(p_rv + phys * V, mask=mask_v, other=0).to(tl.float32)
-        b_g = tl.load(p_rg + phys)
-        b_beta = tl.load(p_rb + phys)
-        b_h, b_k = gdn_exact_step(b_h, b_k, b_v, b_g, b_beta)
-        if HAS_SNAP:
-            if (j + 1 == b_snap_at) & (b_snap_slot >= 0):
-                p_s = (state + i_l * stride_state_layer + b_snap_slot * stride_state_slot + i_hv * K * V
-                       + o_v[None, :] * K + o_k[:, None])
-                tl.store(p_s, b_h.to(p_s.dtype.element_ty), mask=mask_h)
-
     if HAS_DST:
         d_slot = tl.load(dst_idx + i_n).to(tl.int64)
-        p_h = dst + i_l * stride_dst_layer + d_slot * stride_dst_slot + i_hv * K * V + o_v[None, :] * K + o_k[:, None]
-    tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_h)
+    # One BVF-column sub-tile at a time: each column's arithmetic does not depend on BVF, and a
+    # narrow tile keeps the register budget (and so the occupancy) of this replay loop low.
+    for i_f in tl.static_range(BV // BVF):
+        o_v = i_v * BV + i_f * BVF + tl.arange(0, BVF)
+        mask_v = o_v < V
+        mask_h = mask_k[:, None] & mask_v[None, :]
+        o_h = i_hv * K * V + o_v[None, :] * K + o_k[:, None]
+        p_h = state + i_l * stride_state_layer + slot * stride_state_slot + o_h
+        b_h = tl.load(p_h, mask=mask_h, other=0).to(tl.float32)
+        p_rv = ring_rawv + i_l * stride_rawv_layer + slot * stride_rawv_slot + i_hv * RL * V + o_v
+        for j in range(0, n_fold):
+            phys = (org + j) % RL
+            b_k = tl.load(p_rk + phys * K, mask=mask_k, other=0).to(tl.float32)
+            b_v = tl.load(p_rv + phys * V, mask=mask_v, other=0).to(tl.float32)
+            b_g = tl.load(p_rg + phys)
+            b_beta = tl.load(p_rb + phys)
+            b_h, b_k = gdn_exact_step(b_h, b_k, b_v, b_g, b_beta)
+            if HAS_SNAP:
+                if (j + 1 == b_snap_at) & (b_snap_slot >= 0):
+                    p_s = state + i_l * stride_state_layer + b_snap_slot * stride_state_slot + o_h
+                    tl.store(p_s, b_h.to(p_s.dtype.element_ty), mask=mask_h)
+        if HAS_DST:
+            p_h = dst + i_l * stride_dst_layer + d_slot * stride_dst_slot + o_h
+        tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_h)
 
 
 def gdn_replay_fold(
@@ -139,6 +142,7 @@ def gdn_replay_fold(
         state.stride(0), state.stride(1), out.stride(0), out.stride(1),
         rings.rawv.stride(0), rings.rawv.stride(1), rings.rawk.stride(0), rings.rawk.stride(1),
         rings.g.stride(0), rings.g.stride(1), rings.beta.stride(0), rings.beta.stride(1),
-        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, RL=rings.ring_len, HAS_DST=has_dst, HAS_SNAP=has_snap,
+        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BVF=min(BV, gdn_fold_cols()), RL=rings.ring_len, HAS_DST=has_dst,
+        HAS_SNAP=has_snap,
         num_warps=1, num_stages=3,
     )

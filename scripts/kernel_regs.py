@@ -1,0 +1,105 @@
+"""Registers and spills of the ReplaySSM kernels for sm_90, without a GPU.
+
+    python scripts/kernel_regs.py            # all GDN launch plans at the Qwen3-Next head shape
+
+Compiles each kernel variant with Triton for `cuda:90` (no device needed) and runs the `ptxas`
+that ships with Triton (`-v`) on the PTX: registers per thread and spill bytes. One warp-wide
+program at 255 registers leaves room for 8 resident warps per SM; spills go through local memory.
+Use it to screen launch plans before spending device time (docs/perf.md has the last table).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+def ptxas_report(kernel, signature: dict, constexprs: dict, num_warps: int, num_stages: int = 3):
+    """(registers, spill store bytes, spill load bytes) of one compiled variant."""
+    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs={})
+    compiled = triton.compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(compiled.asm["ptx"])
+    out = subprocess.run([PTXAS, "-v", "--gpu-name=sm_90a", f.name, "-o", os.devnull],
+                         capture_output=True, text=True)
+    os.unlink(f.name)
+    text = out.stderr + out.stdout
+    regs = re.search(r"Used (\d+) registers", text)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
+    if regs is None:
+        raise RuntimeError(f"ptxas gave no register count:\n{text[-2000:]}")
+    return int(regs.group(1)), int(spill.group(1)) if spill else 0, int(spill.group(2)) if spill else 0
+
+
+def signature(kernel, pointers: dict, constexprs: dict) -> dict:
+    sig = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in pointers:
+            sig[name] = pointers[name]
+        elif name.startswith(("scale", "softplus")):
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    return sig
+
+
+def gdn_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
+    from replayssm_kernels.gdn import decode, fold, verify, verify_mm
+
+    act = {n: "*bf16" for n in ("q", "k", "v", "a", "b", "o", "ring_d", "ring_rawv", "ring_rawk")}
+    f32 = {n: "*fp32" for n in ("A_log", "dt_bias", "state", "dst", "ring_k", "ring_g", "ring_beta")}
+    i32 = {n: "*i32" for n in ("slot_idx", "row_wp", "row_flush", "origin", "wpos", "dst_idx", "row_nfold",
+                               "row_origin", "snap_at", "snap_slot")}
+    ptrs = {**act, **f32, **i32}
+    head = dict(H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), RL=L, RLB=triton.next_power_of_2(L))
+    rows = []
+    for split, bv, warps, fcols, dot in ((0, 32, 1, 32, 0), (0, 32, 1, 8, 0), (0, 32, 1, 4, 0), (1, 32, 1, 8, 0),
+                                         (1, 32, 2, 8, 0), (1, 64, 4, 8, 0), (1, 64, 2, 8, 1)):
+        phases = (0,) if not split else (2, 1)
+        for phase in phases:
+            c = dict(head, BV=32 if phase == 2 else bv, BVF=fcols, USE_DOT=bool(dot), EVICT=True, PHASE=phase)
+            w = 1 if phase != 1 else warps
+            name = f"decode {'fused' if phase == 0 else ('flush' if phase == 2 else 'non-flush')} " \
+                   f"bv{c['BV']} w{w} flushcols{fcols}{' dot' if dot else ''}"
+            rows.append((name, *ptxas_report(decode._gdn_decode_kernel,
+                                             signature(decode._gdn_decode_kernel, ptrs, c), c, w)))
+    for bv, warps, prod in ((32, 1, 0), (32, 2, 0), (32, 4, 0), (32, 1, 1), (32, 2, 1), (32, 4, 1), (32, 4, 2),
+                            (64, 4, 2)):
+        c = dict(head, BV=bv, BT=triton.next_power_of_2(T))
+        kern = verify._gdn_verify_kernel if prod < 2 else verify_mm._gdn_verify_mm_kernel
+        if prod < 2:
+            c["USE_DOT"] = bool(prod)
+        else:
+            c["RLB"] = max(c["RLB"], 16)
+        name = f"verify bv{bv} w{warps} {('reductions', 'tf32x3 products', 'matrix form')[prod]}"
+        rows.append((name, *ptxas_report(kern, signature(kern, ptrs, c), c, warps, num_stages=2)))
+    for bvf in (32, 8):
+        c = dict(H=H, HV=HV, K=K, V=V, BK=head["BK"], BV=32, BVF=bvf, RL=L, HAS_DST=False, HAS_SNAP=True)
+        rows.append((f"fold bv32 w1 cols{bvf}", *ptxas_report(fold._gdn_fold_kernel,
+                                                             signature(fold._gdn_fold_kernel, ptrs, c), c, 1)))
+    return rows
+
+
+def main():
+    print(f"| kernel (GDN, H=16, HV=32, K=V=128, L=16, T=4; sm_90, triton {triton.__version__}) "
+          "| registers | spill stores (B) | spill loads (B) |")
+    print("|---|---:|---:|---:|")
+    for name, regs, st, ld in gdn_rows():
+        print(f"| {name} | {regs} | {st} | {ld} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
