@@ -73,10 +73,6 @@ def gdn_decode_config(K: int, V: int) -> GDNDecodeConfig:
 _env_overrides()
 
 
-def get_override(name: str):
-    return _OVERRIDES.get(name)
-
-
 @contextlib.contextmanager
 def override(name: str, cfg: tuple):
     old = _OVERRIDES.get(name)
