@@ -11,11 +11,25 @@ import math
 
 
 def load_rows(path):
+    """Result rows of a --json file ({"info", "results"}) or of a log with one JSON object a line.
+
+    Only rows with a "family" key are results; other JSON lines (the run's info line) and lines that
+    are not complete JSON objects are skipped.
+    """
     with open(path) as f:
         text = f.read()
     if text.lstrip().startswith("{") and '"results"' in text[:2000]:
-        return json.loads(text)["results"]
-    return [json.loads(line) for line in text.splitlines() if line.strip().startswith("{")]
+        rows = json.loads(text)["results"]
+    else:
+        rows = []
+        for line in text.splitlines():
+            if not line.strip().startswith("{"):
+                continue
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    return [r for r in rows if isinstance(r, dict) and "family" in r]
 
 
 def _x(a, b):
