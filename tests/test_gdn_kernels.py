@@ -89,17 +89,21 @@ def test_gdn_decode(B, H, HV, K, V, L, dtype, steps, device, assert_within_basel
     assert not pool[0].any() and not pool[-1].any(), "spare slots were written"
 
 
-@pytest.mark.parametrize("cfg", [
-    pytest.param((0, 32, 1, 3, 32, 0, 0), id="fused-flushcols32"),
-    pytest.param((1, 64, 4, 2, 16, 0, 1), id="split-bv64-w4-evict"),
-    pytest.param((1, 128, 4, 2, 32, 1, 0), id="split-bv128-w4-dot"),
+@pytest.mark.parametrize("cfg,shape", [
+    pytest.param((0, 32, 1, 3, 32, 0, 0), (32, 40, 4), id="fused-flushcols32"),
+    pytest.param((1, 64, 4, 2, 16, 0, 1), (32, 40, 4), id="split-bv64-w4-evict"),
+    pytest.param((1, 128, 4, 2, 32, 1, 0), (32, 40, 4), id="split-bv128-w4-dot"),
+    # Several warps in the fused launch: the flush branch runs at 4 warps too.
+    pytest.param((0, 64, 4, 3, 8, 0, 1), (128, 128, 16), id="fused-bv64-w4-K128"),
+    pytest.param((0, 64, 4, 3, 8, 0, 1), (48, 40, 4), id="fused-bv64-w4-K48"),
 ])
-def test_gdn_decode_launch_variants(cfg, device, assert_within_baseline):
+def test_gdn_decode_launch_variants(cfg, shape, device, assert_within_baseline):
     """Every launch plan of configs.GDNDecodeConfig keeps the committed state bit-exact."""
     from replayssm_kernels.configs import override
 
+    K, V, L = shape
     with override("gdn_decode", cfg):
-        test_gdn_decode(2, 1, 2, 32, 40, 4, bf16, 9, device, assert_within_baseline)
+        test_gdn_decode(2, 1, 2, K, V, L, bf16, 18 if L == 16 else 9, device, assert_within_baseline)
 
 
 VERIFY_CASES = [
@@ -156,6 +160,8 @@ def test_gdn_verify_commit(B, H, HV, K, V, L, T_max, dtype, steps, device, asser
     pytest.param((32, 1, 2, 0), id="reductions"),
     pytest.param((32, 1, 2, 1), id="dot-products"),
     pytest.param((64, 4, 2, 2), id="matrix-form"),
+    pytest.param((32, 4, 2, 3), id="matrix-form-s0-reductions"),
+    pytest.param((32, 4, 2, 4), id="split"),
 ])
 def test_gdn_verify_launch_variants(cfg, device, assert_within_baseline):
     """Every verify kernel variant (configs.gdn_verify_config) keeps the state exact and the
@@ -164,6 +170,16 @@ def test_gdn_verify_launch_variants(cfg, device, assert_within_baseline):
 
     with override("gdn_verify", cfg):
         test_gdn_verify_commit(2, 1, 3, 48, 40, 5, 3, bf16, 6, device, assert_within_baseline)
+
+
+@pytest.mark.parametrize("case", [pytest.param(c.values, id=c.id) for c in VERIFY_CASES
+                                  if c.id in ("B3-L16-T4-bf16", "B3-L16-T4-fp32", "B2-K128-V128-L8-T4-bf16")])
+def test_gdn_verify_split(case, device, assert_within_baseline):
+    """The two-launch verify (verify_split.py) on the main verify cases."""
+    from replayssm_kernels.configs import override
+
+    with override("gdn_verify", (32, 1, 2, 4)):
+        test_gdn_verify_commit(*case, device, assert_within_baseline)
 
 
 def test_gdn_fold_whole_tile(device, assert_within_baseline):

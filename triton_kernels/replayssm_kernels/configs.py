@@ -25,7 +25,8 @@ def _env_overrides() -> None:
 def gdn_verify_config(K: int, V: int, T: int) -> tuple[int, int, int, int]:
     """(BV, num_warps, num_stages, products) of the GDN verify kernel; products: 0 = warp
     reductions, 1 = tf32x3 dots for the committed-state products, 2 = the matrix-form kernel
-    (`gdn/verify_mm.py`, every product a tf32x3 GEMM)."""
+    (`gdn/verify_mm.py`, every product a tf32x3 GEMM), 3 = the matrix form with the checkpoint
+    products as fp32 row reductions of the state tile."""
     if "gdn_verify" in _OVERRIDES:
         bv, w, st, *dot = _OVERRIDES["gdn_verify"]
         return bv, w, st, int(dot[0]) if dot else 0

@@ -114,12 +114,13 @@ def _decode_nonflush(
         b_hk = tl.sum(tl.where(o_c[None, :] == 0, b_sp, 0.0), 1)
         b_hq = tl.sum(tl.where(o_c[None, :] == 1, b_sp, 0.0), 1)
     else:
-        b_ht = tl.load(p_hs + o_v[None, :] * K + o_k[:, None], mask=mask_k[:, None] & mask_v[None, :], other=0,
+        # [BV, BK] with K contiguous along axis 1 (the output-only path has no order to keep).
+        b_hs = tl.load(p_hs + o_v[:, None] * K + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :], other=0,
                        eviction_policy="evict_first" if EVICT else "")
         b_kk = tl.sum(b_kr * b_k[None, :], 1) * b_w
         b_kq = tl.sum(b_kr * b_q[None, :], 1) * b_w
-        b_hk = b_dec * tl.sum(b_ht * b_k[:, None], 0) + tl.sum(b_ur * b_kk[:, None], 0)
-        b_hq = b_dec * tl.sum(b_ht * b_q[:, None], 0) + tl.sum(b_ur * b_kq[:, None], 0)
+        b_hk = b_dec * tl.sum(b_hs * b_k[None, :], 1) + tl.sum(b_ur * b_kk[:, None], 0)
+        b_hq = b_dec * tl.sum(b_hs * b_q[None, :], 1) + tl.sum(b_ur * b_kq[:, None], 0)
     b_alpha = tl.exp(b_g)
     b_u = b_beta * (b_v - b_alpha * b_hk)
     b_o = b_alpha * b_hq + b_u * tl.sum(b_k * b_q)
@@ -281,19 +282,26 @@ def gdn_replay_decode(
         rings.rawv.stride(0), rings.rawk.stride(0), rings.beta.stride(0),
     )
 
-    def launch(phase, BV, num_warps):
+    def launch(phase, BV, num_warps, BVF):
         use_dot = cfg.use_dot and BK >= 16 and BV >= 16
         RLB = triton.next_power_of_2(RL)
         if use_dot:
             RLB = max(RLB, 16)
         _gdn_decode_kernel[(triton.cdiv(V, BV) * B * HV,)](
-            *args, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BVF=bvf, RL=RL, RLB=RLB, USE_DOT=use_dot,
+            *args, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BVF=BVF, RL=RL, RLB=RLB, USE_DOT=use_dot,
             EVICT=cfg.evict_first, PHASE=phase, num_warps=num_warps, num_stages=cfg.num_stages,
         )
 
+    bv_cfg = min(triton.next_power_of_2(V), cfg.block_v)
     if cfg.split:
-        launch(_FLUSH, bv_exact, _NUM_WARPS)
-        launch(_NONFLUSH, min(triton.next_power_of_2(V), cfg.block_v), cfg.num_warps)
+        launch(_FLUSH, bv_exact, _NUM_WARPS, bvf)
+        launch(_NONFLUSH, bv_cfg, cfg.num_warps, bvf)
+    elif cfg.num_warps == 1 or BK > 128:
+        launch(_FUSED, bv_exact, _NUM_WARPS, bvf)
     else:
-        launch(_FUSED, bv_exact, _NUM_WARPS)
+        # Several warps in one fused launch: the flush branch keeps the baseline's per-column
+        # reduction only while each warp holds whole columns, i.e. K fits one warp (4 elements per
+        # lane, BK <= 128) and a sub-tile has at least one column group per warp.
+        lanes_v = max(1, 128 // BK)
+        launch(_FUSED, bv_cfg, cfg.num_warps, min(bv_cfg, max(cfg.flush_cols, cfg.num_warps * lanes_v)))
     return out

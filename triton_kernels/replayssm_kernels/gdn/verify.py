@@ -26,6 +26,7 @@ import triton.language as tl
 from ..configs import gdn_verify_config
 from .common import gdn_gate, gdn_l2norm
 from .verify_mm import _gdn_verify_mm_kernel
+from .verify_split import _gdn_verify_prep_kernel, _gdn_verify_state_kernel, scratch_floats
 from .rings import GDNRings, check_gdn_rings
 
 
@@ -259,17 +260,25 @@ def gdn_replay_verify(
     BT = triton.next_power_of_2(T)
     RL = rings.ring_len
     RLB = triton.next_power_of_2(RL)
+    if use_dot == 4 and T <= 16:
+        _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, origin, scale, out,
+                      BK, min(triton.next_power_of_2(V), BV), num_warps, num_stages)
+        return out
     kernel = _gdn_verify_kernel
-    if use_dot == 2 and T <= 16 and K >= 16:
-        # Matrix form (verify_mm.py): every product one tf32x3 GEMM.
+    extra = {}
+    if use_dot in (2, 3) and T <= 16 and K >= 16:
+        # Matrix form (verify_mm.py): window and ring products as tf32x3 GEMMs; the checkpoint
+        # products too (2) or as row reductions of the state tile (3).
         kernel, BV, RLB = _gdn_verify_mm_kernel, max(BV, 16), max(RLB, 16)
+        extra = {"S0_DOT": use_dot == 2}
         use_dot = None
     elif use_dot:
         # tl.dot needs every dimension >= 16; 2 * BT probes share one 16-column operand.
         use_dot = BT <= 8 and K >= 16
         BV, RLB = max(BV, 16), max(RLB, 16)
     grid = (triton.cdiv(V, BV) * B * HV,)
-    extra = {} if use_dot is None else {"USE_DOT": bool(use_dot)}
+    if use_dot is not None:
+        extra = {"USE_DOT": bool(use_dot)}
     kernel[grid](
         q, k, v, a, b, A_log, dt_bias, out,
         state, rings.d, rings.k, rings.g, rings.rawv, rings.rawk, rings.beta,
@@ -284,3 +293,35 @@ def gdn_replay_verify(
         num_warps=num_warps, num_stages=num_stages, **extra,
     )
     return out
+
+
+def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, origin, scale, out,
+                  BK, BV, num_warps, num_stages):
+    """Two-launch verify (verify_split.py): per-head window algebra, then one pass over the state."""
+    B, T, H, K = k.shape
+    HV, V = state.shape[1], state.shape[2]
+    BT = triton.next_power_of_2(T)
+    RL = rings.ring_len
+    RLB = triton.next_power_of_2(RL)
+    NS = scratch_floats(BT, RLB)
+    scratch = torch.empty((B, HV, NS), dtype=torch.float32, device=state.device)
+    sq, sk, sv = _strides4(q, K, "q"), _strides4(k, K, "k"), _strides4(v, V, "v")
+    _gdn_verify_prep_kernel[(B * H,)](
+        q, k, a, b, A_log, dt_bias, rings.k, rings.g, rings.rawk, rings.beta,
+        slot_idx, wpos, origin, scratch,
+        scale, 1.0, 20.0,
+        T,
+        *sq, *sk, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+        rings.k.stride(0), rings.g.stride(0), rings.rawk.stride(0), rings.beta.stride(0),
+        H=H, HV=HV, K=K, BK=BK, BT=BT, RL=RL, RLB=RLB, NS=NS, num_warps=4 if BK >= 128 else 2,
+    )
+    _gdn_verify_state_kernel[(triton.cdiv(V, BV) * B * HV,)](
+        q, k, v, out, state, rings.d, rings.rawv,
+        slot_idx, wpos, origin, scratch,
+        scale,
+        T,
+        *sq, *sk, *sv,
+        state.stride(0), rings.d.stride(0), rings.rawv.stride(0),
+        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT, RL=RL, RLB=RLB, NS=NS, EVICT=True,
+        num_warps=num_warps, num_stages=num_stages,
+    )

@@ -40,6 +40,7 @@ def _gdn_verify_mm_kernel(
     stride_rawv_slot, stride_rawk_slot, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
+    S0_DOT: tl.constexpr = True,
 ):
     NV = (V + BV - 1) // BV
     i_v, i_nh = tl.program_id(0) % NV, tl.program_id(0) // NV
@@ -105,9 +106,27 @@ def _gdn_verify_mm_kernel(
                   mask=mask_v[:, None] & mask_k[None, :], other=0)  # [BV, BK]
     b_kT = tl.trans(b_kw)
     b_qT = tl.trans(b_qw)
-    b_hkT = b_dec * tl.dot(b_h, b_kT, input_precision="tf32x3") + tl.dot(
+    if S0_DOT:
+        b_s0k = tl.dot(b_h, b_kT, input_precision="tf32x3")
+        b_s0q = tl.dot(b_h, b_qT, input_precision="tf32x3")
+    else:
+        # Checkpoint products as per-probe row reductions of the [BV, BK] tile (fp32 FMAs): the
+        # tf32x3 operand split of the whole tile is what sets the register budget otherwise.
+        b_s0k = tl.zeros([BV, 16], dtype=tl.float32)
+        b_s0q = tl.zeros([BV, 16], dtype=tl.float32)
+        for s in tl.static_range(BT):
+            m_s = mask_k & (s < T)
+            b_ks = tl.load(k + i_n * stride_k_row + s * stride_k_tok + i_h * K + o_k, mask=m_s, other=0)
+            b_ks = b_ks.to(tl.float32)
+            b_ks = b_ks / tl.sqrt(tl.sum(b_ks * b_ks, 0) + 1e-6)
+            b_qs = tl.load(q + i_n * stride_q_row + s * stride_q_tok + i_h * K + o_k, mask=m_s, other=0)
+            b_qs = b_qs.to(tl.float32)
+            b_qs = b_qs / tl.sqrt(tl.sum(b_qs * b_qs, 0) + 1e-6) * scale
+            b_s0k = tl.where(o_c[None, :] == s, tl.sum(b_h * b_ks[None, :], 1)[:, None], b_s0k)
+            b_s0q = tl.where(o_c[None, :] == s, tl.sum(b_h * b_qs[None, :], 1)[:, None], b_s0q)
+    b_hkT = b_dec * b_s0k + tl.dot(
         b_urT, tl.dot(b_kr, b_kT, input_precision="tf32x3") * b_w[:, None], input_precision="tf32x3")
-    b_hqT = b_dec * tl.dot(b_h, b_qT, input_precision="tf32x3") + tl.dot(
+    b_hqT = b_dec * b_s0q + tl.dot(
         b_urT, tl.dot(b_kr, b_qT, input_precision="tf32x3") * b_w[:, None], input_precision="tf32x3")
     b_kk = tl.dot(b_kw, b_kT, input_precision="tf32x3")  # [16, 16], KK[i, j] = k_i . k_j
     b_kq = tl.dot(b_kw, b_qT, input_precision="tf32x3")  # [16, 16], KQ[j, s] = k_j . q_s

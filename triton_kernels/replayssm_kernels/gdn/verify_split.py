@@ -1,0 +1,217 @@
+"""GDN ReplaySSM speculative verify in two launches: per-head window algebra, then the state pass.
+
+Same mathematics and ring protocol as `verify.py` (read its docstring). Everything that does not
+depend on the value index is computed once per (row, key head) by a small prep kernel and left
+in a scratch buffer, per (row, value head):
+
+    WK[s, j] = w_j (k_j . k_s),  WQ[s, j] = w_j (k_j . q_s)     (ring history, j < wp)
+    M = (I + A)^-1                                               (UT transform, [T, T])
+    C[j, s] = exp(Gw_s - Gw_j) (k_j . q_s)  for j <= s           (window readout)
+    exp(Gw_s), beta_s, dec = exp(G)
+
+The prep kernel also writes the window's k, raw k, g and beta into the ring. The state kernel
+then streams each `[BV, BK]` checkpoint tile once, with a handful of `[BV]` vectors beside it:
+
+    hk_s = dec S0 k_s + U_r^T WK[s],  hq_s likewise
+    R = beta (V - exp(Gw) hk),  U = R M^T,  O = exp(Gw) hq + U C
+
+and writes the window's u and raw v into the ring. All products are fp32 on CUDA cores.
+Grids: prep `(B * H,)`, state `(cdiv(V, BV) * B * HV,)`.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .common import gdn_gate
+
+
+@triton.jit
+def _l2n(b_x):
+    return b_x / tl.sqrt(tl.sum(b_x * b_x, 0) + 1e-6)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _gdn_verify_prep_kernel(
+    q, k, a, b, A_log, dt_bias, ring_k, ring_g, ring_rawk, ring_beta,
+    slot_idx, wpos, origin, scratch,
+    scale, softplus_beta, softplus_threshold,
+    T,
+    stride_q_row, stride_q_tok, stride_k_row, stride_k_tok, stride_a_row, stride_a_tok, stride_b_row, stride_b_tok,
+    stride_k_slot, stride_g_slot, stride_rawk_slot, stride_beta_slot,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
+    RL: tl.constexpr, RLB: tl.constexpr, NS: tl.constexpr,
+):
+    i_n, i_h = tl.program_id(0) // H, tl.program_id(0) % H
+    slot = tl.load(slot_idx + i_n).to(tl.int64)
+    if slot < 0:
+        return
+    wp = tl.load(wpos + slot)
+    org = tl.load(origin + slot)
+
+    o_k = tl.arange(0, BK)
+    o_t = tl.arange(0, BT)
+    o_j = tl.arange(0, RLB)
+    mask_k = o_k < K
+    m_t = o_t < T
+    m_j = o_j < wp
+    m_tk = m_t[:, None] & mask_k[None, :]
+
+    # Window keys: normalised into the ring (outputs), raw into the fold ring.
+    b_kraw = tl.load(k + i_n * stride_k_row + o_t[:, None] * stride_k_tok + i_h * K + o_k[None, :], mask=m_tk, other=0)
+    b_kw = b_kraw.to(tl.float32)
+    b_kw = b_kw / tl.sqrt(tl.sum(b_kw * b_kw, 1) + 1e-6)[:, None]
+    phys_t = (org + wp + o_t) % RL
+    p_rk = (i_h * RL + phys_t)[:, None] * K + o_k[None, :]
+    tl.store(ring_k + slot * stride_k_slot + p_rk, b_kw.to(ring_k.dtype.element_ty), mask=m_tk)
+    tl.store(ring_rawk + slot * stride_rawk_slot + p_rk, b_kraw, mask=m_tk)
+
+    # History keys (positions j < wp, disjoint from the window's).
+    phys_j = (org + o_j) % RL
+    b_kr = tl.load(ring_k + slot * stride_k_slot + (i_h * RL + phys_j)[:, None] * K + o_k[None, :],
+                   mask=m_j[:, None] & mask_k[None, :], other=0).to(tl.float32)
+
+    # Key-head products, one draft column at a time.
+    b_krk = tl.zeros([RLB, BT], dtype=tl.float32)
+    b_krq = tl.zeros([RLB, BT], dtype=tl.float32)
+    b_kk = tl.zeros([BT, BT], dtype=tl.float32)
+    b_kq = tl.zeros([BT, BT], dtype=tl.float32)
+    for s in tl.static_range(BT):
+        m_s = mask_k & (s < T)
+        b_ks = _l2n(tl.load(k + i_n * stride_k_row + s * stride_k_tok + i_h * K + o_k, mask=m_s, other=0).to(tl.float32))
+        b_qs = _l2n(tl.load(q + i_n * stride_q_row + s * stride_q_tok + i_h * K + o_k, mask=m_s, other=0).to(tl.float32))
+        b_qs = b_qs * scale
+        b_krk = tl.where(o_t[None, :] == s, tl.sum(b_kr * b_ks[None, :], 1)[:, None], b_krk)
+        b_krq = tl.where(o_t[None, :] == s, tl.sum(b_kr * b_qs[None, :], 1)[:, None], b_krq)
+        b_kk = tl.where(o_t[None, :] == s, tl.sum(b_kw * b_ks[None, :], 1)[:, None], b_kk)  # KK[j, s]
+        b_kq = tl.where(o_t[None, :] == s, tl.sum(b_kw * b_qs[None, :], 1)[:, None], b_kq)  # KQ[j, s]
+
+    OFF_WQ: tl.constexpr = BT * RLB
+    OFF_M: tl.constexpr = 2 * BT * RLB
+    OFF_C: tl.constexpr = OFF_M + BT * BT
+    OFF_EG: tl.constexpr = OFF_C + BT * BT
+    OFF_BETA: tl.constexpr = OFF_EG + BT
+    OFF_DEC: tl.constexpr = OFF_BETA + BT
+    eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
+    for g in tl.static_range(HV // H):
+        i_hv = i_h * (HV // H) + g
+        b_a = tl.load(a + i_n * stride_a_row + o_t * stride_a_tok + i_hv, mask=m_t, other=0).to(tl.float32)
+        b_b = tl.load(b + i_n * stride_b_row + o_t * stride_b_tok + i_hv, mask=m_t, other=0).to(tl.float32)
+        b_A_log = tl.load(A_log + i_hv).to(tl.float32)
+        b_dt_bias = tl.load(dt_bias + i_hv).to(tl.float32)
+        b_gw, b_betaw = gdn_gate(b_a, b_b, b_A_log, b_dt_bias, softplus_beta, softplus_threshold)
+        b_gw = tl.where(m_t, b_gw, 0.0)
+        tl.store(ring_g + slot * stride_g_slot + i_hv * RL + phys_t, b_gw, mask=m_t)
+        tl.store(ring_beta + slot * stride_beta_slot + i_hv * RL + phys_t, b_betaw, mask=m_t)
+
+        b_gr = tl.load(ring_g + slot * stride_g_slot + i_hv * RL + phys_j, mask=m_j, other=0)
+        b_gtot = tl.sum(b_gr, 0)
+        b_w = tl.where(m_j, tl.exp(b_gtot - tl.cumsum(b_gr, 0)), 0.0)
+        b_gc = tl.cumsum(b_gw, 0)
+        # A[i, j] = beta_i exp(Gw_i - Gw_j) (k_i . k_j), j < i; M = (I + A)^-1 row by row.
+        b_A = tl.where(o_t[:, None] > o_t[None, :],
+                       b_betaw[:, None] * tl.exp(b_gc[:, None] - b_gc[None, :]) * b_kk, 0.0)
+        b_M = tl.zeros([BT, BT], dtype=tl.float32)
+        for i in tl.static_range(BT):
+            b_ai = tl.sum(tl.where(o_t[:, None] == i, b_A, 0.0), 0)
+            b_mi = tl.sum(tl.where(o_t[:, None] == i, eye, 0.0), 0) - tl.sum(b_M * b_ai[:, None], 0)
+            b_M = tl.where(o_t[:, None] == i, b_mi[None, :], b_M)
+        b_C = tl.where((o_t[:, None] <= o_t[None, :]) & m_t[None, :],
+                       tl.exp(b_gc[None, :] - b_gc[:, None]) * b_kq, 0.0)
+
+        p_sc = scratch + (i_n * HV + i_hv).to(tl.int64) * NS
+        p_w = o_t[None, :] * RLB + o_j[:, None]
+        tl.store(p_sc + p_w, b_krk * b_w[:, None])
+        tl.store(p_sc + OFF_WQ + p_w, b_krq * b_w[:, None])
+        p_tt = o_t[:, None] * BT + o_t[None, :]
+        tl.store(p_sc + OFF_M + p_tt, b_M)
+        tl.store(p_sc + OFF_C + p_tt, b_C)
+        tl.store(p_sc + OFF_EG + o_t, tl.exp(b_gc))
+        tl.store(p_sc + OFF_BETA + o_t, tl.where(m_t, b_betaw, 0.0))
+        tl.store(p_sc + OFF_DEC, tl.exp(b_gtot))
+
+
+@triton.jit(do_not_specialize=["T"])
+def _gdn_verify_state_kernel(
+    q, k, v, o, state, ring_d, ring_rawv,
+    slot_idx, wpos, origin, scratch,
+    scale,
+    T,
+    stride_q_row, stride_q_tok, stride_k_row, stride_k_tok, stride_v_row, stride_v_tok,
+    stride_state_slot, stride_d_slot, stride_rawv_slot,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
+    NS: tl.constexpr, EVICT: tl.constexpr,
+):
+    NV = (V + BV - 1) // BV
+    i_v, i_nh = tl.program_id(0) % NV, tl.program_id(0) // NV
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+
+    slot = tl.load(slot_idx + i_n).to(tl.int64)
+    if slot < 0:
+        return
+    wp = tl.load(wpos + slot)
+    org = tl.load(origin + slot)
+
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_t = tl.arange(0, BT)
+    o_j = tl.arange(0, RLB)
+    mask_k = o_k < K
+    mask_v = o_v < V
+    m_t = o_t < T
+    m_j = o_j < wp
+
+    b_h = tl.load(state + slot * stride_state_slot + i_hv * K * V + o_v[:, None] * K + o_k[None, :],
+                  mask=mask_v[:, None] & mask_k[None, :], other=0,
+                  eviction_policy="evict_first" if EVICT else "")  # [BV, BK]
+    phys_j = (org + o_j) % RL
+    b_ur = tl.load(ring_d + slot * stride_d_slot + (i_hv * RL + phys_j)[:, None] * V + o_v[None, :],
+                   mask=m_j[:, None] & mask_v[None, :], other=0).to(tl.float32)  # [RLB, BV]
+
+    OFF_WQ: tl.constexpr = BT * RLB
+    OFF_M: tl.constexpr = 2 * BT * RLB
+    OFF_C: tl.constexpr = OFF_M + BT * BT
+    OFF_EG: tl.constexpr = OFF_C + BT * BT
+    OFF_BETA: tl.constexpr = OFF_EG + BT
+    OFF_DEC: tl.constexpr = OFF_BETA + BT
+    p_sc = scratch + (i_n * HV + i_hv).to(tl.int64) * NS
+    b_dec = tl.load(p_sc + OFF_DEC)
+
+    b_hk = tl.zeros([BV, BT], dtype=tl.float32)
+    b_hq = tl.zeros([BV, BT], dtype=tl.float32)
+    for s in tl.static_range(BT):
+        m_s = mask_k & (s < T)
+        b_ks = _l2n(tl.load(k + i_n * stride_k_row + s * stride_k_tok + i_h * K + o_k, mask=m_s, other=0).to(tl.float32))
+        b_qs = _l2n(tl.load(q + i_n * stride_q_row + s * stride_q_tok + i_h * K + o_k, mask=m_s, other=0).to(tl.float32))
+        b_qs = b_qs * scale
+        b_wk = tl.load(p_sc + s * RLB + o_j)
+        b_wq = tl.load(p_sc + OFF_WQ + s * RLB + o_j)
+        b_hks = b_dec * tl.sum(b_h * b_ks[None, :], 1) + tl.sum(b_ur * b_wk[:, None], 0)
+        b_hqs = b_dec * tl.sum(b_h * b_qs[None, :], 1) + tl.sum(b_ur * b_wq[:, None], 0)
+        b_hk = tl.where(o_t[None, :] == s, b_hks[:, None], b_hk)
+        b_hq = tl.where(o_t[None, :] == s, b_hqs[:, None], b_hq)
+
+    m_vt = mask_v[:, None] & m_t[None, :]
+    b_vraw = tl.load(v + i_n * stride_v_row + o_t[None, :] * stride_v_tok + i_hv * V + o_v[:, None], mask=m_vt, other=0)
+    phys_t = (org + wp + o_t) % RL
+    tl.store(ring_rawv + slot * stride_rawv_slot + (i_hv * RL + phys_t)[None, :] * V + o_v[:, None], b_vraw, mask=m_vt)
+
+    b_eg = tl.load(p_sc + OFF_EG + o_t)
+    b_beta = tl.load(p_sc + OFF_BETA + o_t)
+    p_tt = o_t[:, None] * BT + o_t[None, :]
+    b_M = tl.load(p_sc + OFF_M + p_tt)  # M[i, j]
+    b_C = tl.load(p_sc + OFF_C + p_tt)  # C[j, s]
+    b_r = b_beta[None, :] * (b_vraw.to(tl.float32) - b_eg[None, :] * b_hk)  # [BV, BT]
+    b_u = tl.sum(b_r[:, None, :] * b_M[None, :, :], 2)  # U[v, i] = sum_j R[v, j] M[i, j]
+    b_o = b_hq * b_eg[None, :] + tl.sum(b_u[:, :, None] * b_C[None, :, :], 1)  # O[v, s]
+    tl.store(o + ((i_n * T + o_t[None, :]) * HV + i_hv) * V + o_v[:, None], b_o.to(o.dtype.element_ty), mask=m_vt)
+    tl.store(ring_d + slot * stride_d_slot + (i_hv * RL + phys_t)[None, :] * V + o_v[:, None],
+             b_u.to(ring_d.dtype.element_ty), mask=m_vt)
+
+
+def scratch_floats(BT: int, RLB: int) -> int:
+    """Floats of prep-kernel output per (row, value head)."""
+    return 2 * BT * RLB + 2 * BT * BT + 2 * BT + 1
