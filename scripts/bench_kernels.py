@@ -121,14 +121,14 @@ def gdn_verify_bytes_baseline(B, H, HV, K, V, T, act=2):
 # run (2026-11-30) had 32x2x2 (warp reductions) best among the non-dot configs.
 # ptxas (sm_90, offline): at one warp every verify variant spills (1.2-5.8 KB); reductions at 2 or
 # 4 warps and tf32x3 products at 4 warps do not.
-VERIFY_CONFIGS = ((32, 1, 2, 1), (32, 1, 2, 4), (32, 2, 2, 4), (64, 2, 2, 4), (64, 4, 2, 4), (16, 1, 2, 4))
+VERIFY_CONFIGS = ((16, 1, 2, 4), (8, 1, 2, 4), (32, 1, 2, 4), (16, 2, 2, 4))
 # GDN decode launch plans (configs.GDNDecodeConfig: split, block_v, warps, stages, flush_cols, dot,
 # evict_first). The first is the default; run 2 (2026-11-30) measured it at 0.94x of packed decode.
 # ptxas (sm_90, offline): the default uses 255 registers per thread (its flush branch carries the
 # whole [128, 32] tile through the replay); 8-column flush sub-tiles bring the kernel to 128.
 # Non-flush tiles of 64/128 columns spill at 4 warps, so they are not listed.
-DECODE_CONFIGS = ((0, 32, 1, 3, 32, 0, 0), (0, 32, 1, 3, 8, 0, 1), (0, 64, 4, 3, 8, 0, 1),
-                  (0, 64, 2, 3, 8, 0, 1), (0, 32, 2, 3, 8, 0, 1), (1, 64, 4, 3, 8, 0, 1))
+DECODE_CONFIGS = ((0, 32, 1, 3, 32, 0, 0), (2, 16, 1, 3, 32, 0, 1), (2, 32, 1, 3, 32, 0, 1),
+                  (2, 8, 1, 3, 32, 0, 1))
 VERIFY_SWEEP = ((32, 1, 2, 0), (64, 4, 2, 1), (64, 2, 2, 2), (128, 4, 2, 2), (128, 8, 2, 2))
 
 

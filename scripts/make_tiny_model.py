@@ -674,6 +674,11 @@ def build(
     )
 
     if no_weights:
+        # save_pretrained of a bare config writes no `architectures`; SGLang needs it to pick the
+        # model class (with weights, the model's save_pretrained fills it in).
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        cfg.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[cfg.model_type]]
         cfg.dtype = torch.bfloat16
         cfg.save_pretrained(out)
         GenerationConfig(eos_token_id=EOS_ID, pad_token_id=PAD_ID, bos_token_id=None).save_pretrained(out)

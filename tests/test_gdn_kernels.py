@@ -93,9 +93,10 @@ def test_gdn_decode(B, H, HV, K, V, L, dtype, steps, device, assert_within_basel
     pytest.param((0, 32, 1, 3, 32, 0, 0), (32, 40, 4), id="fused-flushcols32"),
     pytest.param((1, 64, 4, 2, 16, 0, 1), (32, 40, 4), id="split-bv64-w4-evict"),
     pytest.param((1, 128, 4, 2, 32, 1, 0), (32, 40, 4), id="split-bv128-w4-dot"),
-    # Several warps in the fused launch: the flush branch runs at 4 warps too.
-    pytest.param((0, 64, 4, 3, 8, 0, 1), (128, 128, 16), id="fused-bv64-w4-K128"),
-    pytest.param((0, 64, 4, 3, 8, 0, 1), (48, 40, 4), id="fused-bv64-w4-K48"),
+    pytest.param((1, 64, 4, 3, 8, 0, 1), (128, 128, 16), id="split-bv64-w4-K128"),
+    # Non-flush rows through the two-launch verify pair (T = 1).
+    pytest.param((2, 16, 1, 3, 8, 0, 1), (128, 128, 16), id="split-prep-bv16-K128"),
+    pytest.param((2, 16, 1, 3, 8, 0, 1), (48, 40, 4), id="split-prep-bv16-K48"),
 ])
 def test_gdn_decode_launch_variants(cfg, shape, device, assert_within_baseline):
     """Every launch plan of configs.GDNDecodeConfig keeps the committed state bit-exact."""

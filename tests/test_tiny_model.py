@@ -259,10 +259,12 @@ def test_no_weights_real_shapes(tmp_path):
     from sglang.srt.utils.hf_transformers import get_config
 
     cases = [
-        (["--preset", "qwen3_next", "--shape", "qwen3-next-80b", "--num-layers", "12"], (32, 128, 128), 9, 151936),
-        (["--preset", "nemotron_h", "--shape", "nemotron-3-super", "--pattern", "MEMEMEM*E"], (128, 64, 128), 4, 131072),
+        (["--preset", "qwen3_next", "--shape", "qwen3-next-80b", "--num-layers", "12"], (32, 128, 128), 9, 151936,
+         "Qwen3NextForCausalLM"),
+        (["--preset", "nemotron_h", "--shape", "nemotron-3-super", "--pattern", "MEMEMEM*E"], (128, 64, 128), 4, 131072,
+         "NemotronHForCausalLM"),
     ]
-    for i, (argv, temporal, n_ssm, vocab) in enumerate(cases):
+    for i, (argv, temporal, n_ssm, vocab, arch) in enumerate(cases):
         d = tmp_path / f"m{i}"
         mtm.main(argv + ["--no-weights", "--out", str(d)])
         assert not (d / "model.safetensors").exists()
@@ -274,6 +276,9 @@ def test_no_weights_real_shapes(tmp_path):
         assert len(params.layers) == n_ssm
         assert cfg.vocab_size == vocab
         assert json.loads((d / "config.json").read_text())["dtype"] == "bfloat16"
+        # SGLang picks the model class from `architectures` (a server on a config without it died
+        # in ModelConfig on the H200, 2026-11-30).
+        assert json.loads((d / "config.json").read_text())["architectures"] == [arch]
 
 
 def test_bad_overrides_rejected(tmp_path):

@@ -38,15 +38,17 @@ def gdn_verify_config(K: int, V: int, T: int) -> tuple[int, int, int, int]:
 class GDNDecodeConfig:
     """Launch plan of the GDN decode kernel.
 
-    split: run flush rows and non-flush rows as two launches (flush first), so the non-flush
-        launch gets its own tile (`block_v` columns of V, `num_warps`) and register budget; the
-        flush launch always uses the baseline's tile (32 columns, one warp).
+    split: 0 = one launch; 1 = flush rows and non-flush rows as two launches (flush first), so
+        the non-flush launch gets its own tile (`block_v` columns of V, `num_warps`) and register
+        budget; 2 = flush launch, then the non-flush rows through `gdn/verify_split.py`'s two
+        kernels with T = 1 (ring products once per key head, then a light state pass). The flush
+        launch always uses the baseline's tile (32 columns, one warp).
     flush_cols: V columns replayed at a time by the exact (flush) path (divides 32).
     use_dot: non-flush products on tensor cores (tf32x3) instead of warp reductions.
     evict_first: stream the checkpoint through L2 on non-flush rows.
     """
 
-    split: bool = False
+    split: int = 0
     block_v: int = 32
     num_warps: int = 1
     num_stages: int = 3
@@ -67,7 +69,7 @@ _GDN_DECODE_DEFAULT = GDNDecodeConfig()
 def gdn_decode_config(K: int, V: int) -> GDNDecodeConfig:
     if "gdn_decode" in _OVERRIDES:
         split, bv, warps, stages, fcols, dot, evict = _OVERRIDES["gdn_decode"]
-        return GDNDecodeConfig(bool(split), bv, warps, stages, fcols, bool(dot), bool(evict))
+        return GDNDecodeConfig(int(split), bv, warps, stages, fcols, bool(dot), bool(evict))
     return _GDN_DECODE_DEFAULT
 
 

@@ -26,6 +26,7 @@ import triton.language as tl
 from ..configs import gdn_decode_config
 from .common import gdn_exact_step, gdn_gate, gdn_l2norm
 from .rings import GDNRings, check_gdn_rings
+from .verify import _verify_split
 
 # The exact-recurrence (flush) branch must use the baseline kernel's tile: K whole on axis 0, one
 # warp, 4 consecutive K per thread; its V extent (BVF) does not change any column's reduction.
@@ -293,15 +294,18 @@ def gdn_replay_decode(
         )
 
     bv_cfg = min(triton.next_power_of_2(V), cfg.block_v)
-    if cfg.split:
+    if cfg.split == 2:
+        # Flush rows on the exact branch; non-flush rows through the two-launch verify pair with
+        # T = 1 (per-head ring products first, then a light pass over each checkpoint tile).
+        launch(_FLUSH, bv_exact, _NUM_WARPS, bvf)
+        _verify_split(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), a.unsqueeze(1), b.unsqueeze(1), A_log, dt_bias,
+                      state, rings, slot_idx, row_wp, origin, scale, out.view(B, 1, HV, V), BK, bv_cfg,
+                      cfg.num_warps, cfg.num_stages, row_wp=row_wp, row_flush=row_flush)
+    elif cfg.split:
         launch(_FLUSH, bv_exact, _NUM_WARPS, bvf)
         launch(_NONFLUSH, bv_cfg, cfg.num_warps, bvf)
-    elif cfg.num_warps == 1 or BK > 128:
-        launch(_FUSED, bv_exact, _NUM_WARPS, bvf)
     else:
-        # Several warps in one fused launch: the flush branch keeps the baseline's per-column
-        # reduction only while each warp holds whole columns, i.e. K fits one warp (4 elements per
-        # lane, BK <= 128) and a sub-tile has at least one column group per warp.
-        lanes_v = max(1, 128 // BK)
-        launch(_FUSED, bv_cfg, cfg.num_warps, min(bv_cfg, max(cfg.flush_cols, cfg.num_warps * lanes_v)))
+        # The fused launch stays at one warp: with several warps the flush branch's state
+        # differed from SGLang's kernel on the H200 (2026-11-30, docs/perf.md run 4).
+        launch(_FUSED, bv_exact, _NUM_WARPS, bvf)
     return out

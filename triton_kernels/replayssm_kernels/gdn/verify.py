@@ -296,8 +296,9 @@ def gdn_replay_verify(
 
 
 def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, origin, scale, out,
-                  BK, BV, num_warps, num_stages):
-    """Two-launch verify (verify_split.py): per-head window algebra, then one pass over the state."""
+                  BK, BV, num_warps, num_stages, row_wp=None, row_flush=None):
+    """Two-launch verify (verify_split.py): per-head window algebra, then one pass over the state.
+    With `row_wp`/`row_flush` (decode, T = 1) only the non-flush rows are computed."""
     B, T, H, K = k.shape
     HV, V = state.shape[1], state.shape[2]
     BT = triton.next_power_of_2(T)
@@ -306,22 +307,24 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
     NS = scratch_floats(BT, RLB)
     scratch = torch.empty((B, HV, NS), dtype=torch.float32, device=state.device)
     sq, sk, sv = _strides4(q, K, "q"), _strides4(k, K, "k"), _strides4(v, V, "v")
+    rows = (row_wp, row_flush) if row_wp is not None else (slot_idx, slot_idx)  # unused without ROWS
     _gdn_verify_prep_kernel[(B * H,)](
         q, k, a, b, A_log, dt_bias, rings.k, rings.g, rings.rawk, rings.beta,
-        slot_idx, wpos, origin, scratch,
+        slot_idx, wpos, origin, scratch, rows[0], rows[1],
         scale, 1.0, 20.0,
         T,
         *sq, *sk, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         rings.k.stride(0), rings.g.stride(0), rings.rawk.stride(0), rings.beta.stride(0),
-        H=H, HV=HV, K=K, BK=BK, BT=BT, RL=RL, RLB=RLB, NS=NS, num_warps=4 if BK >= 128 else 2,
+        H=H, HV=HV, K=K, BK=BK, BT=BT, RL=RL, RLB=RLB, NS=NS, ROWS=row_wp is not None,
+        num_warps=4 if BK >= 128 else 2,
     )
     _gdn_verify_state_kernel[(triton.cdiv(V, BV) * B * HV,)](
         q, k, v, out, state, rings.d, rings.rawv,
-        slot_idx, wpos, origin, scratch,
+        slot_idx, wpos, origin, scratch, rows[0], rows[1],
         scale,
         T,
         *sq, *sk, *sv,
         state.stride(0), rings.d.stride(0), rings.rawv.stride(0),
-        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT, RL=RL, RLB=RLB, NS=NS, EVICT=True,
+        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT, RL=RL, RLB=RLB, NS=NS, EVICT=True, ROWS=row_wp is not None,
         num_warps=num_warps, num_stages=num_stages,
     )

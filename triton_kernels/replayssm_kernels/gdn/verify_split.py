@@ -17,6 +17,9 @@ then streams each `[BV, BK]` checkpoint tile once, with a handful of `[BV]` vect
 
 and writes the window's u and raw v into the ring. All products are fp32 on CUDA cores.
 Grids: prep `(B * H,)`, state `(cdiv(V, BV) * B * HV,)`.
+
+With `ROWS` the pair serves the non-flush rows of a decode step (T = 1; `row_wp`/`row_flush` from
+`decode_prepare`, flush rows skipped: the decode kernel's exact branch runs them).
 """
 
 from __future__ import annotations
@@ -35,19 +38,25 @@ def _l2n(b_x):
 @triton.jit(do_not_specialize=["T"])
 def _gdn_verify_prep_kernel(
     q, k, a, b, A_log, dt_bias, ring_k, ring_g, ring_rawk, ring_beta,
-    slot_idx, wpos, origin, scratch,
+    slot_idx, wpos, origin, scratch, row_wp, row_flush,
     scale, softplus_beta, softplus_threshold,
     T,
     stride_q_row, stride_q_tok, stride_k_row, stride_k_tok, stride_a_row, stride_a_tok, stride_b_row, stride_b_tok,
     stride_k_slot, stride_g_slot, stride_rawk_slot, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
-    RL: tl.constexpr, RLB: tl.constexpr, NS: tl.constexpr,
+    RL: tl.constexpr, RLB: tl.constexpr, NS: tl.constexpr, ROWS: tl.constexpr = False,
 ):
     i_n, i_h = tl.program_id(0) // H, tl.program_id(0) % H
     slot = tl.load(slot_idx + i_n).to(tl.int64)
     if slot < 0:
         return
-    wp = tl.load(wpos + slot)
+    if ROWS:
+        # Decode (T = 1): the row's snapshot from decode_prepare; flush rows are done elsewhere.
+        if tl.load(row_flush + i_n) != 0:
+            return
+        wp = tl.load(row_wp + i_n)
+    else:
+        wp = tl.load(wpos + slot)
     org = tl.load(origin + slot)
 
     o_k = tl.arange(0, BK)
@@ -135,14 +144,14 @@ def _gdn_verify_prep_kernel(
 @triton.jit(do_not_specialize=["T"])
 def _gdn_verify_state_kernel(
     q, k, v, o, state, ring_d, ring_rawv,
-    slot_idx, wpos, origin, scratch,
+    slot_idx, wpos, origin, scratch, row_wp, row_flush,
     scale,
     T,
     stride_q_row, stride_q_tok, stride_k_row, stride_k_tok, stride_v_row, stride_v_tok,
     stride_state_slot, stride_d_slot, stride_rawv_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
-    NS: tl.constexpr, EVICT: tl.constexpr,
+    NS: tl.constexpr, EVICT: tl.constexpr, ROWS: tl.constexpr = False,
 ):
     NV = (V + BV - 1) // BV
     i_v, i_nh = tl.program_id(0) % NV, tl.program_id(0) // NV
@@ -152,7 +161,12 @@ def _gdn_verify_state_kernel(
     slot = tl.load(slot_idx + i_n).to(tl.int64)
     if slot < 0:
         return
-    wp = tl.load(wpos + slot)
+    if ROWS:
+        if tl.load(row_flush + i_n) != 0:
+            return
+        wp = tl.load(row_wp + i_n)
+    else:
+        wp = tl.load(wpos + slot)
     org = tl.load(origin + slot)
 
     o_k = tl.arange(0, BK)
