@@ -117,16 +117,15 @@ def gdn_verify_bytes_baseline(B, H, HV, K, V, T, act=2):
     return B * (st + T * st + 2 * st + act * T * (2 * H * K + 2 * HV * V + 2 * HV))
 
 
-# (BV, num_warps, num_stages, use_dot) of the GDN verify kernel timed in every run; the first GPU
-# run (2026-11-30) had 32x2x2 (warp reductions) best among the non-dot configs.
-# ptxas (sm_90, offline): at one warp every verify variant spills (1.2-5.8 KB); reductions at 2 or
-# 4 warps and tf32x3 products at 4 warps do not.
+# (BV, num_warps, num_stages, products) of the GDN verify kernel timed in every run (configs.py);
+# products 4 = the two-launch verify (gdn/verify_split.py), the default at 16x1 since run 5
+# (docs/perf.md). The one-launch variants (products 0-3) spill at every warp count tried on the
+# GPU and were 1.5x slower; `--sweep` still times some of them.
 VERIFY_CONFIGS = ((16, 1, 2, 4), (8, 1, 2, 4), (32, 1, 2, 4), (16, 2, 2, 4))
 # GDN decode launch plans (configs.GDNDecodeConfig: split, block_v, warps, stages, flush_cols, dot,
-# evict_first). The first is the default; run 2 (2026-11-30) measured it at 0.94x of packed decode.
-# ptxas (sm_90, offline): the default uses 255 registers per thread (its flush branch carries the
-# whole [128, 32] tile through the replay); 8-column flush sub-tiles bring the kernel to 128.
-# Non-flush tiles of 64/128 columns spill at 4 warps, so they are not listed.
+# evict_first). (2, 16, ...) is the default since run 5; (0, 32, 1, 3, 32, 0, 0), the one-launch
+# plan with the whole-tile flush, was the fastest one-launch plan in runs 3-4. Fused plans at
+# several warps were not bit-exact on the GPU (run 4), so they are not offered.
 DECODE_CONFIGS = ((0, 32, 1, 3, 32, 0, 0), (2, 16, 1, 3, 32, 0, 1), (2, 32, 1, 3, 32, 0, 1),
                   (2, 8, 1, 3, 32, 0, 1))
 VERIFY_SWEEP = ((32, 1, 2, 0), (64, 4, 2, 1), (64, 2, 2, 2), (128, 4, 2, 2), (128, 8, 2, 2))
@@ -144,7 +143,7 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
     from sglang.kernels.ops.mamba.mamba_state_scatter_triton import fused_mamba_state_scatter_with_mask
 
     from replayssm_kernels import commit_prepare, decode_prepare
-    from replayssm_kernels.configs import override, ring_min_batch
+    from replayssm_kernels.configs import gdn_decode_config, gdn_verify_config, override, ring_min_batch
     from replayssm_kernels.gdn import alloc_gdn_rings, gdn_replay_decode, gdn_replay_fold, gdn_replay_verify
 
     dev, act = "cuda", torch.bfloat16
@@ -237,7 +236,12 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
                     gdn_replay_decode(q, k, v, av[i], bv[i], A_log, dt_bias, state, rings, slots[i],
                                       exact[i][0], exact[i][1], origin, out=o2)
             row["decode_ours_exact_us"] = time_graph(ours_exact, sets, reps)
-            row["decode_dispatch"] = "exact" if B < ring_min_batch("gdn") else "ring"
+            # Below the threshold the GDN backend runs SGLang's packed decode (after a fold).
+            row["decode_dispatch"] = "stock" if B < ring_min_batch("gdn") else "ring"
+            dflt = gdn_decode_config(K, V)
+            row["decode_default_cfg"] = "x".join(map(str, (dflt.split, dflt.block_v, dflt.num_warps, dflt.num_stages,
+                                                           dflt.flush_cols, int(dflt.use_dot), int(dflt.evict_first))))
+            row["spec_default_cfg"] = "x".join(map(str, gdn_verify_config(K, V, T)))
             snaps = snaps_sync
 
             def prep():

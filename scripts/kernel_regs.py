@@ -86,6 +86,21 @@ def gdn_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
             c["RLB"] = max(c["RLB"], 16)
         name = f"verify bv{bv} w{warps} {('reductions', 'tf32x3 products', 'matrix form')[prod]}"
         rows.append((name, *ptxas_report(kern, signature(kern, ptrs, c), c, warps, num_stages=2)))
+    from replayssm_kernels.gdn import verify_split
+
+    ptrs_split = dict(ptrs, scratch="*fp32")
+    for t_win, rows_mode, what in ((T, False, "verify"), (1, True, "decode plan 2 non-flush")):
+        bt = triton.next_power_of_2(t_win)
+        ns = verify_split.scratch_floats(bt, head["RLB"])
+        c = dict(H=H, HV=HV, K=K, BK=head["BK"], BT=bt, RL=L, RLB=head["RLB"], NS=ns, ROWS=rows_mode)
+        kern = verify_split._gdn_verify_prep_kernel
+        rows.append((f"{what}: two-launch prep w4", *ptxas_report(kern, signature(kern, ptrs_split, c), c, 4, 2)))
+        for bv in (8, 16, 32):
+            c = dict(H=H, HV=HV, K=K, V=V, BK=head["BK"], BV=bv, BT=bt, RL=L, RLB=head["RLB"], NS=ns, EVICT=True,
+                     ROWS=rows_mode)
+            kern = verify_split._gdn_verify_state_kernel
+            rows.append((f"{what}: two-launch state bv{bv} w1",
+                         *ptxas_report(kern, signature(kern, ptrs_split, c), c, 1, 2)))
     for bvf in (32, 8):
         c = dict(H=H, HV=HV, K=K, V=V, BK=head["BK"], BV=32, BVF=bvf, RL=L, HAS_DST=False, HAS_SNAP=True)
         rows.append((f"fold bv32 w1 cols{bvf}", *ptxas_report(fold._gdn_fold_kernel,

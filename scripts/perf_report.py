@@ -41,15 +41,23 @@ def _us(v):
 
 
 def dispatch_rows(rows):
-    """What the backend runs per batch size: the ring (staggered) or the exact small-batch mode."""
-    out = ["\n**Decode as the backend dispatches it** (`configs.ring_min_batch`: exact recurrence every "
-           "step below the threshold, ring above; staggered rows)\n",
+    """What the backend runs per batch size: the ring (staggered rows; the default plan when the row
+    names it, else the fastest timed plan), the exact small-batch mode, or SGLang's own kernel."""
+    out = ["\n**Decode as the backend dispatches it** (`configs.ring_min_batch`: below the threshold a "
+           "GDN batch runs SGLang's packed decode (`stock`) and a Mamba-2 batch the exact recurrence "
+           "(`exact`); ring above, staggered rows)\n",
            "| family | shape | batch | mode | stock (us) | ours (us) | ours vs stock |", "|---|---|---:|---|---:|---:|---:|"]
     for r in rows:
         if "decode_dispatch" not in r:
             continue
         stock = r.get("decode_packed_us", r.get("decode_ssu_us"))
-        ours = r["decode_ours_exact_us"] if r["decode_dispatch"] == "exact" else r["decode_ours_staggered_us"]
+        mode = r["decode_dispatch"]
+        if mode == "stock":
+            ours = stock
+        elif mode == "exact":
+            ours = r["decode_ours_exact_us"]
+        else:
+            ours = r.get(f"decode_ours_staggered_us_{r.get('decode_default_cfg')}", r["decode_ours_staggered_us"])
         shape = f"HV={r['HV']}" if r["family"] == "gdn" else r["shape"]
         out.append(f"| {r['family']} | {shape} | {r['B']} | {r['decode_dispatch']} | {_us(stock)} | {_us(ours)} | "
                    f"{_x(stock, ours)} |")

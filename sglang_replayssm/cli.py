@@ -6,6 +6,7 @@ Prints one `[ok]` / `[warn]` / `[FAIL]` line per check, every FAIL with its fix,
 any FAIL. Checks: SGLang and sglang-kernel versions, the entry point, the kill switch and the
 `SGLANG_PLUGINS` whitelist, the hook STATUS after `register()`, whether each runtime hook could be
 installed (probe, nothing is patched), that `triton_kernels` is not shadowed by this checkout,
+the kernel launch plans and dispatch thresholds in effect (defaults or `REPLAYSSM_CONFIG`),
 and a kernel self-test: the GDN (and Mamba-2) harness decode/verify/commit must leave exactly the
 state SGLang's own recurrent kernel computes. The self-test runs in a subprocess, on the GPU when
 one is visible, else on the CPU under `TRITON_INTERPRET=1` (triton reads it at import).
@@ -140,6 +141,17 @@ def _check_triton_kernels(r: _Report) -> None:
         r.line(OK, f"triton_kernels from {where.parent}")
 
 
+def _check_launch_plans(r: _Report) -> None:
+    try:
+        from replayssm_kernels import configs
+    except Exception as e:  # noqa: BLE001
+        r.line(FAIL, f"kernel launch plans: {type(e).__name__}: {e}", "fix or unset REPLAYSSM_CONFIG")
+        return
+    src = "REPLAYSSM_CONFIG" if os.environ.get("REPLAYSSM_CONFIG") else "defaults"
+    for line in configs.describe().splitlines():
+        r.line(OK, f"launch plan ({src}): {line}")
+
+
 def _check_selftest(r: _Report, device: str) -> None:
     if device == "auto":
         device = "cuda" if _cuda_visible() else "cpu"
@@ -188,6 +200,7 @@ def doctor(argv: Optional[list] = None) -> int:
     _check_entry_point(r)
     _check_hooks(r)
     _check_triton_kernels(r)
+    _check_launch_plans(r)
     if not a.no_selftest:
         _check_selftest(r, a.device)
     print(f"{r.failed} failure(s)" if r.failed else "all checks passed", flush=True)

@@ -159,6 +159,52 @@ def test_extend_batches_materialize_every_row():
     assert len(calls) == 2 and int(pool.replayssm_wpos[1]) == 2
 
 
+def test_small_gdn_decode_batches_run_sglang_kernel_on_folded_checkpoints():
+    """Below configs.ring_min_batch("gdn") a decode batch runs the parent's kernel: every pending
+    entry of every slot is folded first (once per switch away from the ring), cursors stay put."""
+    from replayssm_kernels.configs import ring_min_batch
+
+    assert ring_min_batch("gdn") > 2 and ring_min_batch("mamba2") == 1
+    pool = build_pool("gdn", gdn_params(), size=4, ring_len=4)
+    st = ReplaySSMBatchState(pool, "cpu")
+    calls = []
+    pool.replayssm_fold_fn = lambda state, rings, slots, n, org, **kw: calls.append((slots.tolist(), n.tolist()))
+    pool.replayssm_wpos[2], pool.replayssm_origin[2] = 3, 1
+    decode = SimpleNamespace(forward_mode=ForwardMode.DECODE, mamba_track_mask=None)
+    slots = torch.tensor([2, 0], dtype=torch.int32)
+
+    st.prepare(decode, slots, graph=False, in_capture=False)
+    assert st.decode_stock and st.row_wp is None
+    assert calls == [(list(range(5)), [0, 0, 3, 0, 0])], "every slot's pending entries are folded first"
+    assert pool.replayssm_wpos.tolist() == [0] * 5 and pool.replayssm_origin.tolist() == [0] * 5
+    st.prepare(decode, slots, graph=False, in_capture=False)
+    assert len(calls) == 1, "no fold while every ring stays empty"
+
+    # a verify (or a ring decode) may leave entries behind: the next small decode folds again
+    st.prepare(SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY), slots, graph=False, in_capture=False)
+    assert not st.decode_stock
+    st.prepare(decode, slots, graph=False, in_capture=False)
+    assert len(calls) == 2 and st.decode_stock
+    # capture never touches the real rings
+    st.prepare(SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY), slots, graph=False, in_capture=False)
+    st.init_graph_buffers(4)
+    st.prepare(decode, slots, graph=True, in_capture=True)
+    assert len(calls) == 2 and st.decode_stock
+
+    # at and above the threshold the ring path runs (decode_prepare advances the cursors)
+    st.ring_min_batch = 2
+    st.prepare(decode, slots, graph=False, in_capture=False)
+    assert not st.decode_stock and st.row_wp is not None
+    assert pool.replayssm_wpos[2] == 1 and pool.replayssm_wpos[0] == 1
+
+    # Mamba-2 keeps its own kernels at every batch size (exact recurrence below the threshold)
+    m2 = ReplaySSMBatchState(build_pool("mamba2", mamba2_params(4, 16, 2, 16, layers=(0,)), size=4, ring_len=4),
+                             "cpu")
+    m2.ring_min_batch = 8
+    m2.prepare(decode, slots, graph=False, in_capture=False)
+    assert not m2.decode_stock and m2.row_flush.tolist() == [1, 1]
+
+
 # ------------------------------------------------------------------------------ Mamba-2 SSU
 
 

@@ -523,7 +523,8 @@ def test_doctor_output_and_exit_code():
     assert lines, proc.stdout + proc.stderr
     assert all(ln.split()[0] in ("[ok]", "[warn]", "[FAIL]") for ln in lines)
     for needle in ("sglang 0.5.17", "sglang-kernel", "entry point replayssm", "hook validate.post_init",
-                   "runtime hook backend.gdn", "triton_kernels from"):
+                   "runtime hook backend.gdn", "triton_kernels from", "launch plan (defaults): gdn_decode=",
+                   "gdn_ring_min_batch="):
         assert any(needle in ln for ln in lines), needle
     fails = [i for i, ln in enumerate(proc.stdout.splitlines()) if ln.startswith("[FAIL]")]
     all_lines = proc.stdout.splitlines()
@@ -531,6 +532,19 @@ def test_doctor_output_and_exit_code():
         assert all_lines[i + 1].strip().startswith("fix:"), all_lines[i]
     assert proc.returncode == (1 if fails else 0)
     assert not any("triton_kernels resolves to this checkout" in ln for ln in lines)
+
+
+def test_doctor_rejects_a_bad_replayssm_config():
+    env = dict(os.environ, REPLAYSSM_CONFIG="gdn_decode=2x16")
+    proc = subprocess.run([sys.executable, "-m", "sglang_replayssm.cli", "doctor", "--no-selftest"],
+                          capture_output=True, text=True, timeout=600, cwd=str(Path.home()), env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "REPLAYSSM_CONFIG: bad entry 'gdn_decode=2x16'" in proc.stdout
+    assert "fix: fix or unset REPLAYSSM_CONFIG" in proc.stdout
+    env["REPLAYSSM_CONFIG"] = "gdn_ring_min_batch=1"
+    proc = subprocess.run([sys.executable, "-m", "sglang_replayssm.cli", "doctor", "--no-selftest"],
+                          capture_output=True, text=True, timeout=600, cwd=str(Path.home()), env=env)
+    assert "launch plan (REPLAYSSM_CONFIG): gdn_ring_min_batch=1" in proc.stdout, proc.stdout
 
 
 def test_doctor_selftest_gdn_and_mamba2_bit_exact(monkeypatch):

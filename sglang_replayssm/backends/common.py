@@ -53,8 +53,16 @@ class ReplaySSMBatchState:
         self.pool = pool
         self.device = device
         self.ring_len = pool.replayssm_ring_len
-        # Small decode batches run the exact recurrence every step (configs.ring_min_batch).
+        # Below configs.ring_min_batch decode rows do not use the ring: a GDN batch runs SGLang's
+        # own decode kernel on the (emptied) checkpoints, faster than any ring plan measured there;
+        # a Mamba-2 batch runs the exact recurrence every step.
         self.ring_min_batch = ring_min_batch(pool.replayssm_family)
+        self.stock_decode_below = pool.replayssm_family == "gdn"
+        # This batch's decode runs the parent backend's kernel (set per batch by `prepare`).
+        self.decode_stock = False
+        # Some ring may hold pending entries (any ring decode or verify since the last full fold).
+        self._rings_dirty = True
+        self._all_slots: Optional[torch.Tensor] = None
         self.row_wp: Optional[torch.Tensor] = None
         self.row_flush: Optional[torch.Tensor] = None
         self._static_wp: Optional[torch.Tensor] = None
@@ -71,6 +79,13 @@ class ReplaySSMBatchState:
                 "on the ring kernels, prefill/extend on SGLang's chunked kernels.",
                 pool.replayssm_family, self.ring_len,
             )
+            if self.stock_decode_below and self.ring_min_batch > 1:
+                logger.info(
+                    "sglang-replayssm: GDN decode batches below %d rows run SGLang's own decode kernel on "
+                    "folded checkpoints (the ring decode was slower there on the H200, docs/perf.md); "
+                    "from %d rows the ring decode. Change with REPLAYSSM_CONFIG=gdn_ring_min_batch=N.",
+                    self.ring_min_batch, self.ring_min_batch,
+                )
 
     def init_graph_buffers(self, max_bs: int) -> None:
         self._static_wp = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
@@ -88,8 +103,21 @@ class ReplaySSMBatchState:
 
     def prepare(self, forward_batch, slots: torch.Tensor, graph: bool, in_capture: bool) -> None:
         mode = forward_batch.forward_mode
+        self.decode_stock = False
         if mode.is_decode_or_idle():
             bs = slots.shape[0]
+            if self.stock_decode_below and bs < self.ring_min_batch:
+                # SGLang's kernel reads the checkpoint as the whole state: fold every pending entry
+                # of every slot first (once per switch from the ring; rows with empty rings cost
+                # nothing), eagerly, before the graph replay or the eager forward.
+                self.decode_stock = True
+                if self._rings_dirty and not in_capture:
+                    self.materialize(self._every_slot())
+                    self._rings_dirty = False
+                self.row_wp = self.row_flush = None
+                return
+            if not in_capture:
+                self._rings_dirty = True
             if graph:
                 if self._static_wp is None or self._static_wp.shape[0] < bs:
                     raise RuntimeError("ReplaySSM: CUDA-graph buffers not initialised for this batch size")
@@ -123,11 +151,19 @@ class ReplaySSMBatchState:
                 )
             self.row_wp, self.row_flush = row_wp, row_flush
         elif mode.is_target_verify():
+            if not in_capture:
+                self._rings_dirty = True
             self.row_wp = self.row_flush = None
         elif mode.is_extend(include_draft_extend_v2=True) and not mode.is_draft_extend_v2():
             if not in_capture:
                 self.materialize(slots)
             self.row_wp = self.row_flush = None
+
+    def _every_slot(self) -> torch.Tensor:
+        if self._all_slots is None:
+            n = self.pool.replayssm_wpos.shape[0]
+            self._all_slots = torch.arange(n, dtype=torch.int32, device=self.pool.replayssm_wpos.device)
+        return self._all_slots
 
     def materialize(self, slots: torch.Tensor) -> None:
         """Fold every pending entry of these slots into their checkpoints and empty the rings."""

@@ -3,7 +3,8 @@
 Installed in place of `gdn_backend.GDNAttnBackend` (class REPLACE) only in processes serving
 `--mamba-backend replayssm`. Without a ReplaySSM pool every method is the parent's.
 
-* decode: causal conv update (SGLang's), then `gdn_replay_decode` on the layer's rings;
+* decode: causal conv update (SGLang's), then `gdn_replay_decode` on the layer's rings; batches
+  below `configs.ring_min_batch("gdn")` rows run the parent's decode on folded checkpoints;
 * target verify: causal conv update with SGLang's per-draft conv windows (conv rollback is
   unchanged), then `gdn_replay_verify`; no `intermediate_ssm`;
 * prefill / extend: SGLang's chunked kernels, after the batch's pending entries are folded
@@ -34,7 +35,9 @@ class ReplaySSMGDNAttnBackend(ReplaySSMMetadataMixin, GDNAttnBackend):
         return cache, rings
 
     def forward_decode(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
-        if self._rssm is None:
+        if self._rssm is None or self._rssm.decode_stock:
+            # Stock path, or a decode batch below configs.ring_min_batch("gdn"): SGLang's kernel
+            # on checkpoints that `prepare` folded (every ring empty).
             return super().forward_decode(layer, forward_batch, mixed_qkv, a, b, **kwargs)
         cache, rings = self._layer(layer.layer_id)
         conv_states, ssm_states = cache.conv[0], cache.temporal

@@ -15,11 +15,40 @@ from dataclasses import dataclass
 _OVERRIDES: dict[str, tuple[int, int, int]] = {}
 
 
+# name -> accepted numbers of `x`-separated integers
+_OVERRIDE_ARITY = {"gdn_decode": (7,), "gdn_verify": (3, 4), "gdn_fold_cols": (1,), "gdn_ring_min_batch": (1,),
+                   "mamba2_ring_min_batch": (1,)}
+
+
 def _env_overrides() -> None:
-    """`REPLAYSSM_CONFIG="gdn_verify=64x4x2x1,gdn_decode=1x64x4x2x8x0x1"` (sweeps and GPU tests)."""
+    """`REPLAYSSM_CONFIG="gdn_verify=16x1x2x4,gdn_decode=2x16x1x3x32x0x1,gdn_ring_min_batch=1"`
+    (sweeps, GPU tests, and users who want another dispatch)."""
     for item in filter(None, os.environ.get("REPLAYSSM_CONFIG", "").split(",")):
         name, _, val = item.partition("=")
-        _OVERRIDES[name.strip()] = tuple(int(x) for x in val.split("x"))
+        name = name.strip()
+        try:
+            nums = tuple(int(x) for x in val.strip().split("x"))
+        except ValueError:
+            nums = ()
+        if name not in _OVERRIDE_ARITY or len(nums) not in _OVERRIDE_ARITY[name]:
+            raise ValueError(
+                f"REPLAYSSM_CONFIG: bad entry {item!r}; expected name=NxN... with name one of "
+                f"{sorted(_OVERRIDE_ARITY)} (see replayssm_kernels/configs.py); fix or unset REPLAYSSM_CONFIG"
+            )
+        _OVERRIDES[name] = nums
+
+
+def describe() -> str:
+    """One line per tunable: the launch plans and dispatch thresholds in effect."""
+    d = gdn_decode_config(128, 128)
+    return "\n".join([
+        f"gdn_decode={int(d.split)}x{d.block_v}x{d.num_warps}x{d.num_stages}x{d.flush_cols}x{int(d.use_dot)}"
+        f"x{int(d.evict_first)}",
+        "gdn_verify=" + "x".join(map(str, gdn_verify_config(128, 128, 4))),
+        f"gdn_fold_cols={gdn_fold_cols()}",
+        f"gdn_ring_min_batch={ring_min_batch('gdn')} (below: SGLang's packed decode on folded checkpoints)",
+        f"mamba2_ring_min_batch={ring_min_batch('mamba2')} (below: exact recurrence every step)",
+    ])
 
 
 def gdn_verify_config(K: int, V: int, T: int) -> tuple[int, int, int, int]:
@@ -30,8 +59,10 @@ def gdn_verify_config(K: int, V: int, T: int) -> tuple[int, int, int, int]:
     if "gdn_verify" in _OVERRIDES:
         bv, w, st, *dot = _OVERRIDES["gdn_verify"]
         return bv, w, st, int(dot[0]) if dot else 0
-    # Fastest of the configurations timed on one H200 (2026-11-30, docs/perf.md) from batch 8 up.
-    return (32, 1, 2, 1)
+    # The two-launch verify (products 4) at 16 columns, one warp: fastest of the plans timed on
+    # one H200 from batch 32 up (2026-11-30, docs/perf.md run 5: verify+commit 617 us at batch
+    # 256, HV=32, vs 975 us for SGLang's verify + scatter and 979 us for the run-3 default).
+    return (16, 1, 2, 4)
 
 
 @dataclass(frozen=True)
@@ -57,13 +88,13 @@ class GDNDecodeConfig:
     evict_first: bool = False
 
 
-# Default: fused, 32 columns, one warp, warp reductions (the tf32x3 variant was 1.4-1.5x slower on
-# one H200, 2026-11-30), flush replayed 8 columns at a time: ptxas (sm_90) reports 128 registers
-# per thread instead of 255 with whole-tile replay, and the TTGIR reduction layout of the 8-column
-# tile is the baseline's (K over 32 lanes, rows t, t+32, t+64, t+96 per thread, one warp), so every
-# column reduces in the same order (docs/perf.md, "Offline analysis"). Bit-exactness of this
-# default on the GPU is checked by the GPU test run; the whole-tile plan is `flush_cols=32`.
-_GDN_DECODE_DEFAULT = GDNDecodeConfig()
+# Default (H200, 2026-11-30, docs/perf.md run 5, staggered rings): flush rows on the exact branch
+# with the whole 32-column tile (the 8-column sub-tiles were slower on the GPU: 1247 vs 920 us
+# for a flush step at batch 256, run 3 profile), non-flush rows through the two-launch verify pair at 16
+# columns, one warp: 259 us at batch 256 (HV=32) vs 296 us fused and 271 us for SGLang's packed
+# decode. Every plan here is checked bit-exact on the GPU by the benchmark before it is timed.
+_GDN_DECODE_DEFAULT = GDNDecodeConfig(split=2, block_v=16, num_warps=1, num_stages=3, flush_cols=32,
+                                      use_dot=False, evict_first=True)
 
 
 def gdn_decode_config(K: int, V: int) -> GDNDecodeConfig:
@@ -89,12 +120,14 @@ def override(name: str, cfg: tuple):
             _OVERRIDES[name] = old
 
 
-# Below this many decode rows the backend forces a flush on every step: the ring is not used, and
-# the decode kernel runs the exact recurrence (the baseline's arithmetic and cost). At batch 1-4 a
-# decode step is latency-bound and the ring saves no time (docs/perf.md, run 2: GDN ring decode
-# 0.62x of packed decode at batch 1, 1.02x at 8; Mamba-2 1.09x at batch 1). Switching modes is
-# seamless: a forced flush folds whatever is pending.
-_RING_MIN_BATCH = {"gdn": 8, "mamba2": 1}
+# Below this many decode rows the ring is not used. GDN: the backend runs SGLang's own decode
+# kernel (fused_recurrent_gated_delta_rule_packed_decode, through the parent backend) after
+# folding every pending entry, because every ring plan and our exact path were slower than it
+# there (H200, 2026-11-30, docs/perf.md run 5: staggered ring decode 0.68x at batch 8, 0.97x at
+# 128 (HV=32), 1.05x at 256; exact path 0.85x at batch 1). Mamba-2: the exact recurrence every
+# step (the ring decode was faster than SGLang's SSU from batch 1). Switching is seamless: the
+# fold before a stock step, or a forced flush, brings every checkpoint up to date.
+_RING_MIN_BATCH = {"gdn": 256, "mamba2": 1}
 
 
 def ring_min_batch(family: str) -> int:
