@@ -637,3 +637,35 @@ def test_server_failure_is_reported_and_retried(fake, monkeypatch):
 def test_sglang_client_refused_when_tokenizer_smaller_than_vocab(fake, capsys):
     assert _run(fake, "gdn", "--client", "sglang", concs="1") == 2
     assert "empty text" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------
+# Real checkpoints and real server arguments, parsed by SGLang itself (CPU)
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model,study", [("gdn", "decode"), ("nano9b", "decode"), ("gdn", "spec"), ("super", "spec")])
+def test_every_side_server_command_is_accepted_by_sglang(tmp_path, model, study):
+    """Build the study's checkpoint (config + tokenizer, dummy weights) and run SGLang's own argument
+    handling (ServerArgs.__post_init__: model config, spec and backend checks, our plugin's guards)
+    on every side's exact server command. On the H200 (2026-11-30) every server of the first serving
+    call died in SGLang's ModelConfig because such a checkpoint had no `architectures`."""
+    import sglang_replayssm
+    from sglang.srt.server_args import prepare_server_args
+
+    sglang_replayssm.register()
+    out = tmp_path / "bench"
+    ssm = {"gdn": "3", "nano9b": "2", "super": "2"}[model]
+    a = bs.parse_args(["--out", str(out), "--model", model, "--study", study, "--ssm-layers", ssm,
+                       "--weights", "dummy", "--models-dir", str(tmp_path / "models")])
+    info, err = bs._resolve_model(a, out, None)
+    assert err is None, err
+    for side in bs.STUDY_SIDES[study]:
+        if side == "upstream" and info["family"] != "gdn":
+            continue
+        cmd = bs._server_cmd(a, info, side, 30000)
+        argv = cmd[cmd.index("sglang.launch_server") + 1:]
+        # CPU only: no GPU-only radix buffers, no tokenizer process.
+        sa = prepare_server_args(argv + ["--device", "cpu", "--skip-tokenizer-init", "--disable-radix-cache"])
+        assert sa.mamba_backend == ("replayssm" if side == "ours" else "triton"), side
+        assert (sa.speculative_algorithm is not None) == (study == "spec" and side != "nospec"), side
