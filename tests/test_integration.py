@@ -205,6 +205,36 @@ def test_small_gdn_decode_batches_run_sglang_kernel_on_folded_checkpoints():
     assert not m2.decode_stock and m2.row_flush.tolist() == [1, 1]
 
 
+def test_gdn_backend_hands_stock_mode_decode_to_sglang(monkeypatch):
+    """A decode batch `prepare` marked `decode_stock` goes to SGLang's own forward_decode, untouched;
+    a ring-mode batch does not."""
+    from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+
+    from sglang_replayssm.backends import gdn as gdn_mod
+
+    def stub_init(self, model_runner):  # SGLang's constructor needs a model config; keep what we read
+        self.device = "cpu"
+        self.req_to_token_pool = model_runner.req_to_token_pool
+
+    calls = []
+    monkeypatch.setattr(GDNAttnBackend, "__init__", stub_init)
+    monkeypatch.setattr(GDNAttnBackend, "forward_decode",
+                        lambda self, layer, fb, mixed_qkv, a, b, **kw: calls.append((layer, mixed_qkv)) or "stock")
+    pool = build_pool("gdn", gdn_params(), size=4, ring_len=4)
+    backend = gdn_mod.ReplaySSMGDNAttnBackend(SimpleNamespace(req_to_token_pool=SimpleNamespace(mamba_pool=pool)))
+    backend._rssm.decode_stock = True
+    assert backend.forward_decode("layer", None, "qkv", None, None) == "stock" and calls == [("layer", "qkv")]
+    backend._rssm.decode_stock = False
+
+    def ring_path(*a, **k):
+        raise AssertionError("ring path reached")
+
+    monkeypatch.setattr(backend, "_layer", ring_path)
+    with pytest.raises(AssertionError, match="ring path reached"):
+        backend.forward_decode(SimpleNamespace(layer_id=0), None, "qkv", None, None)
+    assert len(calls) == 1
+
+
 # ------------------------------------------------------------------------------ Mamba-2 SSU
 
 
