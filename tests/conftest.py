@@ -38,3 +38,25 @@ def assert_within_baseline():
         return err, err_base
 
     return check
+
+
+@pytest.fixture
+def plugin_env():
+    """register() active (as the entry point does); SGLang's exported env vars cleared, then
+    restored, and the runtime hooks that validating a replayssm ServerArgs installs removed, so
+    later tests see stock SGLang classes."""
+    import sglang_replayssm
+    from sglang_replayssm import args as rargs
+    from sglang_replayssm import runtime
+
+    saved = {k: os.environ.get(k) for k in ("SGLANG_MAMBA_SSM_DTYPE", rargs.RING_LEN_ENV, sglang_replayssm.ENABLE_ENV)}
+    for k in saved:
+        os.environ.pop(k, None)
+    sglang_replayssm.register()
+    yield
+    runtime.deactivate()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

@@ -644,29 +644,8 @@ def test_sglang_client_refused_when_tokenizer_smaller_than_vocab(fake, capsys):
 # ----------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def plugin_registered():
-    """register() as the entry point does; afterwards drop the runtime hooks that validating a
-    replayssm ServerArgs installs in this process, and the env vars it exports, so later tests see
-    stock SGLang classes."""
-    import sglang_replayssm
-    from sglang_replayssm import args as rargs
-    from sglang_replayssm import runtime
-
-    keys = ("SGLANG_MAMBA_SSM_DTYPE", rargs.RING_LEN_ENV, sglang_replayssm.ENABLE_ENV)
-    saved = {k: os.environ.get(k) for k in keys}
-    sglang_replayssm.register()
-    yield
-    runtime.deactivate()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
 @pytest.mark.parametrize("model,study", [("gdn", "decode"), ("nano9b", "decode"), ("gdn", "spec"), ("super", "spec")])
-def test_every_side_server_command_is_accepted_by_sglang(tmp_path, model, study, plugin_registered):
+def test_every_side_server_command_is_accepted_by_sglang(tmp_path, model, study, plugin_env):
     """Build the study's checkpoint (config + tokenizer, dummy weights) and run SGLang's own argument
     handling (ServerArgs.__post_init__: model config, spec and backend checks, our plugin's guards)
     on every side's exact server command. On the H200 (2026-11-30) every server of the first serving

@@ -85,19 +85,9 @@ def models(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def _plugin_env():
-    """register() active, SGLang's exported env vars and the runtime tier reset per test."""
-    saved = {k: os.environ.get(k) for k in ("SGLANG_MAMBA_SSM_DTYPE", rargs.RING_LEN_ENV, sglang_replayssm.ENABLE_ENV)}
-    for k in saved:
-        os.environ.pop(k, None)
-    sglang_replayssm.register()
+def _plugin_env(plugin_env):
+    """register() active, SGLang's exported env vars and the runtime tier reset per test (conftest)."""
     yield
-    runtime.deactivate()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
 
 
 @pytest.fixture
