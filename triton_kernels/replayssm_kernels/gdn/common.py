@@ -32,6 +32,15 @@ def gdn_gate(b_a, b_b, b_A_log, b_dt_bias, softplus_beta, softplus_threshold):
 
 
 @triton.jit
+def gdn_tile_ids(H: tl.constexpr, HV: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+    """(V tile, row, value head, key head) of a program on grid axis 0 = `cdiv(V, BV) * B * HV`."""
+    NV = (V + BV - 1) // BV
+    i_v, i_nh = tl.program_id(0) % NV, tl.program_id(0) // NV
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    return i_v, i_n, i_hv, i_hv // (HV // H)
+
+
+@triton.jit
 def gdn_l2norm(b_x):
     """Division-form L2 normalisation with eps inside the sqrt (SGLang's in-kernel norm)."""
     return b_x / (tl.sqrt(tl.sum(b_x * b_x) + 1e-6))

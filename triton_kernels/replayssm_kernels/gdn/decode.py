@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ..configs import gdn_decode_config
-from .common import gdn_exact_step, gdn_gate, gdn_l2norm
+from .common import gdn_exact_step, gdn_gate, gdn_l2norm, gdn_tile_ids
 from .rings import GDNRings, check_gdn_rings
 from .verify import _verify_split
 
@@ -154,10 +154,7 @@ def _gdn_decode_kernel(
     BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
     USE_DOT: tl.constexpr, EVICT: tl.constexpr, PHASE: tl.constexpr,
 ):
-    NV = (V + BV - 1) // BV
-    i_v, i_nh = tl.program_id(0) % NV, tl.program_id(0) // NV
-    i_n, i_hv = i_nh // HV, i_nh % HV
-    i_h = i_hv // (HV // H)
+    i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
 
     slot = tl.load(slot_idx + i_n).to(tl.int64)
     if slot < 0:

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ..configs import gdn_fold_cols
-from .common import gdn_exact_step
+from .common import gdn_exact_step, gdn_tile_ids
 from .rings import GDNRings, check_gdn_rings
 
 
@@ -33,10 +33,8 @@ def _gdn_fold_kernel(
     BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, RL: tl.constexpr, HAS_DST: tl.constexpr,
     HAS_SNAP: tl.constexpr,
 ):
-    NV = (V + BV - 1) // BV
-    i_v, i_nh, i_l = tl.program_id(0) % NV, tl.program_id(0) // NV, tl.program_id(1)
-    i_n, i_hv = i_nh // HV, i_nh % HV
-    i_h = i_hv // (HV // H)
+    i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
+    i_l = tl.program_id(1)
     i_l = i_l.to(tl.int64)
 
     slot = tl.load(slot_idx + i_n).to(tl.int64)

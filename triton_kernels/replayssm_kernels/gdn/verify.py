@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ..configs import gdn_verify_config
-from .common import gdn_gate, gdn_l2norm
+from .common import gdn_gate, gdn_l2norm, gdn_tile_ids
 from .verify_mm import _gdn_verify_mm_kernel
 from .verify_split import _gdn_verify_prep_kernel, _gdn_verify_state_kernel, scratch_floats
 from .rings import GDNRings, check_gdn_rings
@@ -67,10 +67,7 @@ def _gdn_verify_kernel(
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
     USE_DOT: tl.constexpr,
 ):
-    NV = (V + BV - 1) // BV
-    i_v, i_nh = tl.program_id(0) % NV, tl.program_id(0) // NV
-    i_n, i_hv = i_nh // HV, i_nh % HV
-    i_h = i_hv // (HV // H)
+    i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
     first_of_group = i_hv % (HV // H) == 0
 
     slot = tl.load(slot_idx + i_n).to(tl.int64)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import gdn_gate
+from .common import gdn_gate, gdn_tile_ids
 
 
 @triton.jit
@@ -42,10 +42,7 @@ def _gdn_verify_mm_kernel(
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
     S0_DOT: tl.constexpr = True,
 ):
-    NV = (V + BV - 1) // BV
-    i_v, i_nh = tl.program_id(0) % NV, tl.program_id(0) // NV
-    i_n, i_hv = i_nh // HV, i_nh % HV
-    i_h = i_hv // (HV // H)
+    i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
 
     slot = tl.load(slot_idx + i_n).to(tl.int64)
     if slot < 0:

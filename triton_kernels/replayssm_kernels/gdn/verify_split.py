@@ -27,12 +27,19 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import gdn_gate
+from .common import gdn_gate, gdn_l2norm, gdn_tile_ids
 
 
 @triton.jit
-def _l2n(b_x):
-    return b_x / tl.sqrt(tl.sum(b_x * b_x, 0) + 1e-6)
+def _probe(q, k, i_n, i_h, s, T, stride_q_row, stride_q_tok, stride_k_row, stride_k_tok, scale, o_k, mask_k,
+           K: tl.constexpr):
+    """Normalised key and scaled normalised query of draft `s` (zeros for `s >= T`), fp32 `[BK]`."""
+    m_s = mask_k & (s < T)
+    b_ks = gdn_l2norm(tl.load(k + i_n * stride_k_row + s * stride_k_tok + i_h * K + o_k, mask=m_s, other=0)
+                      .to(tl.float32))
+    b_qs = gdn_l2norm(tl.load(q + i_n * stride_q_row + s * stride_q_tok + i_h * K + o_k, mask=m_s, other=0)
+                      .to(tl.float32))
+    return b_ks, b_qs * scale
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -87,10 +94,8 @@ def _gdn_verify_prep_kernel(
     b_kk = tl.zeros([BT, BT], dtype=tl.float32)
     b_kq = tl.zeros([BT, BT], dtype=tl.float32)
     for s in tl.static_range(BT):
-        m_s = mask_k & (s < T)
-        b_ks = _l2n(tl.load(k + i_n * stride_k_row + s * stride_k_tok + i_h * K + o_k, mask=m_s, other=0).to(tl.float32))
-        b_qs = _l2n(tl.load(q + i_n * stride_q_row + s * stride_q_tok + i_h * K + o_k, mask=m_s, other=0).to(tl.float32))
-        b_qs = b_qs * scale
+        b_ks, b_qs = _probe(q, k, i_n, i_h, s, T, stride_q_row, stride_q_tok, stride_k_row, stride_k_tok, scale,
+                            o_k, mask_k, K)
         b_krk = tl.where(o_t[None, :] == s, tl.sum(b_kr * b_ks[None, :], 1)[:, None], b_krk)
         b_krq = tl.where(o_t[None, :] == s, tl.sum(b_kr * b_qs[None, :], 1)[:, None], b_krq)
         b_kk = tl.where(o_t[None, :] == s, tl.sum(b_kw * b_ks[None, :], 1)[:, None], b_kk)  # KK[j, s]
@@ -153,10 +158,7 @@ def _gdn_verify_state_kernel(
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
     NS: tl.constexpr, EVICT: tl.constexpr, ROWS: tl.constexpr = False,
 ):
-    NV = (V + BV - 1) // BV
-    i_v, i_nh = tl.program_id(0) % NV, tl.program_id(0) // NV
-    i_n, i_hv = i_nh // HV, i_nh % HV
-    i_h = i_hv // (HV // H)
+    i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
 
     slot = tl.load(slot_idx + i_n).to(tl.int64)
     if slot < 0:
@@ -197,10 +199,8 @@ def _gdn_verify_state_kernel(
     b_hk = tl.zeros([BV, BT], dtype=tl.float32)
     b_hq = tl.zeros([BV, BT], dtype=tl.float32)
     for s in tl.static_range(BT):
-        m_s = mask_k & (s < T)
-        b_ks = _l2n(tl.load(k + i_n * stride_k_row + s * stride_k_tok + i_h * K + o_k, mask=m_s, other=0).to(tl.float32))
-        b_qs = _l2n(tl.load(q + i_n * stride_q_row + s * stride_q_tok + i_h * K + o_k, mask=m_s, other=0).to(tl.float32))
-        b_qs = b_qs * scale
+        b_ks, b_qs = _probe(q, k, i_n, i_h, s, T, stride_q_row, stride_q_tok, stride_k_row, stride_k_tok, scale,
+                            o_k, mask_k, K)
         b_wk = tl.load(p_sc + s * RLB + o_j)
         b_wq = tl.load(p_sc + OFF_WQ + s * RLB + o_j)
         b_hks = b_dec * tl.sum(b_h * b_ks[None, :], 1) + tl.sum(b_ur * b_wk[:, None], 0)
