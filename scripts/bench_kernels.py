@@ -238,9 +238,7 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
             row["decode_ours_exact_us"] = time_graph(ours_exact, sets, reps)
             # Below the threshold the GDN backend runs SGLang's packed decode (after a fold).
             row["decode_dispatch"] = "stock" if B < ring_min_batch("gdn") else "ring"
-            dflt = gdn_decode_config(K, V)
-            row["decode_default_cfg"] = "x".join(map(str, (dflt.split, dflt.block_v, dflt.num_warps, dflt.num_stages,
-                                                           dflt.flush_cols, int(dflt.use_dot), int(dflt.evict_first))))
+            row["decode_default_cfg"] = gdn_decode_config(K, V).key()
             row["spec_default_cfg"] = "x".join(map(str, gdn_verify_config(K, V, T)))
             snaps = snaps_sync
 

@@ -40,10 +40,8 @@ def _env_overrides() -> None:
 
 def describe() -> str:
     """One line per tunable: the launch plans and dispatch thresholds in effect."""
-    d = gdn_decode_config(128, 128)
     return "\n".join([
-        f"gdn_decode={int(d.split)}x{d.block_v}x{d.num_warps}x{d.num_stages}x{d.flush_cols}x{int(d.use_dot)}"
-        f"x{int(d.evict_first)}",
+        "gdn_decode=" + gdn_decode_config(128, 128).key(),
         "gdn_verify=" + "x".join(map(str, gdn_verify_config(128, 128, 4))),
         f"gdn_fold_cols={gdn_fold_cols()}",
         f"gdn_ring_min_batch={ring_min_batch('gdn')} (below: SGLang's packed decode on folded checkpoints)",
@@ -86,6 +84,11 @@ class GDNDecodeConfig:
     flush_cols: int = 8
     use_dot: bool = False
     evict_first: bool = False
+
+    def key(self) -> str:
+        """The `REPLAYSSM_CONFIG` / benchmark spelling, e.g. `2x16x1x3x32x0x1`."""
+        return "x".join(str(int(x)) for x in (self.split, self.block_v, self.num_warps, self.num_stages,
+                                               self.flush_cols, self.use_dot, self.evict_first))
 
 
 # Default (H200, 2026-11-30, docs/perf.md run 5, staggered rings): flush rows on the exact branch
