@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape
+from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType
 from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool, MambaPool
 
 from replayssm_kernels.gdn.rings import gdn_ring_shapes
@@ -33,30 +33,12 @@ from sglang_replayssm.pool import (
     ring_dims,
 )
 
+from pool_helpers import build_pool, gdn_params, mamba2_params
+
 DEV = "cpu"
 bf16 = torch.bfloat16
 
 
-def gdn_params(H=1, HV=2, K=16, V=16, layers=(0, 2)):
-    shape = Mamba2StateShape.create(
-        tp_world_size=1, intermediate_size=HV * V, n_groups=H, num_heads=HV, head_dim=V, state_size=K, conv_kernel=4
-    )
-    return Mamba2CacheParams(shape=shape, layers=list(layers), dtype=Mamba2StateDType(conv=bf16, temporal=torch.float32))
-
-
-def mamba2_params(NH=2, P=16, G=1, N=16, layers=(1, 3)):
-    shape = Mamba2StateShape.create(
-        tp_world_size=1, intermediate_size=NH * P, n_groups=G, num_heads=NH, head_dim=P, state_size=N, conv_kernel=4
-    )
-    return Mamba2CacheParams(shape=shape, layers=list(layers), dtype=Mamba2StateDType(conv=bf16, temporal=torch.float32))
-
-
-def build_pool(family, cp, *, size=4, ring_len=4, draft=None, topk=None, act=bf16):
-    with pool_build_context(PoolBuildContext(family=family, ring_len=ring_len, act_dtype=act, max_draft_tokens=draft)):
-        return ReplaySSMMambaPool(
-            size=size, spec_state_size=3, cache_params=cp, mamba_layer_ids=cp.layers, device=DEV,
-            speculative_num_draft_tokens=draft, speculative_eagle_topk=topk,
-        )
 
 
 @pytest.fixture
