@@ -2,7 +2,6 @@
 extraction, loop detection, statistics, and whole runs against fake OpenAI-compatible servers
 (in-process http.server, and launched through a fake ``sglang.launch_server``)."""
 
-import importlib.util
 import json
 import os
 import random
@@ -15,20 +14,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from script_loader import load_script
 
-
-def _load_script(name):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ap = _load_script("aime_parity")
+ap = load_script("aime_parity")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 and whole sweeps (launch, cases, resume, skip, failure, shutdown) against a fake
 ``sglang.launch_server`` that speaks SGLang's streaming /generate and prints its log lines."""
 
-import importlib.util
 import json
 import os
 import stat
@@ -14,21 +13,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from script_loader import load_script
 
-
-def _load_script(name):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bs = _load_script("bench_serving")
-mtm = _load_script("make_tiny_model")
+bs = load_script("bench_serving")
+mtm = load_script("make_tiny_model")
 
 # ----------------------------------------------------------------------------------------------
 # Recipes

@@ -2,7 +2,6 @@
 orchestration (launch, readiness, /generate, process-group shutdown, checks, exit status) against a
 fake ``sglang.launch_server`` that speaks the same HTTP API and prints SGLang's log messages."""
 
-import importlib.util
 import json
 import os
 import socket
@@ -14,18 +13,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from script_loader import load_script
 
-
-def _load_script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses look the module up while the class is created
-    spec.loader.exec_module(mod)
-    return mod
-
-
-e2e = _load_script("e2e_parity")
+e2e = load_script("e2e_parity")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,23 +1,11 @@
 """scripts/memory_model.py: per-request state bytes from SGLang's own cache parameters, ring bytes
 from the plugin's solver, and the concurrency arithmetic (CPU, config-only checkpoints)."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("memory_model", ROOT / "scripts" / "memory_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["memory_model"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from script_loader import load_script
 
 
 def test_memory_model_rows():
-    mm = _load()
+    mm = load_script("memory_model")
     rows = {r["model"]: r for r in mm.model_rows(budget_gib=40, ring_len=16, draft=4, ratio=5)}
     q = rows["qwen3-next-80b"]
     # GDN state: HV * V * K fp32 = 2 MiB per layer, conv state on top (36 layers).

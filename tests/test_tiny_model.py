@@ -2,30 +2,19 @@
 parses their configs into the expected mamba cache shapes, MTP tensors are complete, the
 section-4.2 construction is in the weights, and the tokenizer round-trips text."""
 
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
+
+from script_loader import load_script
 import torch
 
 os.environ.setdefault("USE_HUB_KERNELS", "NO")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load_script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses look the module up while the class is created
-    spec.loader.exec_module(mod)
-    return mod
-
-
-mtm = _load_script("make_tiny_model")
+mtm = load_script("make_tiny_model")
 
 # (preset, mixer_out_scale, knob): knob 0.3 exercises the calibration path.
 BUILDS = {"qwen3_next": (300.0, 0.3), "nemotron_h": (10.0, 0.3)}
