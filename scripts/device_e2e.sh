@@ -7,7 +7,10 @@
 # (a machine stays warm only ~30 s after a call; see /work/shared/devtools/README.md):
 #   call 1, carry [".whl"]:            bash scripts/device_e2e.sh install
 #   call 2, carry [".whl2", ".tiny"]:  bash scripts/device_e2e.sh run [CASE ...]
-# CASE: qwen3_next | qwen3_next:nextn | nemotron_h | nemotron_h:nextn (default: all four).
+# CASE: qwen3_next | qwen3_next:nextn | nemotron_h | nemotron_h:nextn (default: all four); a
+# `:ring` suffix (e.g. qwen3_next:ring, qwen3_next:nextn:ring) runs our server with
+# REPLAYSSM_CONFIG=gdn_ring_min_batch=1, i.e. the GDN ring decode at every batch size (by default
+# GDN decode batches below 256 rows run SGLang's kernel on folded checkpoints).
 # Results: $OUT/summary.txt, $OUT/results.json (all cases' result.json) and $OUT/e2e_logs.tar.gz
 # (server and driver logs, token outputs); the run tool returns at most 8 files from $OUT.
 # `run` installs whatever wheel folders it finds that are not installed yet, so with a bigger
@@ -144,6 +147,7 @@ do_run() {
   for c in "${cases[@]}"; do
     preset=${c%%:*}
     case $preset in qwen3_next|nemotron_h) ;; *) die "unknown case $c" ;; esac
+    case ${c#"$preset"} in ""|:nextn|:ring|:nextn:ring) ;; *) die "unknown case $c" ;; esac
     if [ -z "${model[$preset]:-}" ]; then
       model[$preset]=$(build_or_find_model "$preset") || die "no checkpoint for $preset"
       log "$preset: ${model[$preset]}"
@@ -153,8 +157,10 @@ do_run() {
   local pids=() names=() i=0 running=0
   for c in "${cases[@]}"; do
     preset=${c%%:*}
-    local name=${c/:/_} spec=()
-    [ "$c" != "$preset" ] && spec=(--spec)
+    local name=${c//:/_} spec=() case_env=()
+    [[ $c == *:nextn* ]] && spec=(--spec)
+    # REPLAYSSM_CONFIG only reaches our server: the stock server runs without the plugin.
+    [[ $c == *:ring ]] && case_env=(REPLAYSSM_CONFIG=gdn_ring_min_batch=1${REPLAYSSM_CONFIG:+,$REPLAYSSM_CONFIG})
     while [ "$running" -ge "$parallel" ]; do
       wait -n 2>/dev/null || true
       running=$(jobs -rp | wc -l)
@@ -166,7 +172,7 @@ do_run() {
     local startup=$(( left / 2 - 15 )); [ "$startup" -gt 330 ] && startup=330
     rm -rf "${WORK:?}/$name"; mkdir -p "$WORK/$name"
     log "start $name (stock+ours, ${left}s left, startup timeout ${startup}s)"
-    timeout -s TERM -k 15 "$left" "$PY" "$REPO/scripts/e2e_parity.py" --time-budget $(( left - 15 )) \
+    env "${case_env[@]}" timeout -s TERM -k 15 "$left" "$PY" "$REPO/scripts/e2e_parity.py" --time-budget $(( left - 15 )) \
       --model "${model[$preset]}" "${spec[@]}" --only "$only" --out "$WORK/$name" \
       --port $(( 30000 + 1000 * i )) --num-prompts "$prompts" --max-new-tokens "$tokens" \
       $prefill_flag --cuda-graph-max-bs 48 --sampling-backend pytorch \
@@ -189,6 +195,8 @@ do_run() {
     echo "=================== ${names[$k]} ==================="
     # The driver prints its table last; show it (and any log tail it printed before).
     sed -n '/^--- \|^e2e parity/,$p' "$WORK/${names[$k]}/driver.log" | tail -n 60
+    # Which GDN decode dispatch our server announced (none for Nemotron-H).
+    grep -rhoa "sglang-replayssm: GDN decode batches[^.]*" "$WORK/${names[$k]}" 2>/dev/null | sort -u | sed 's/^/[dispatch] /'
   done
   echo
   cat "$summary"

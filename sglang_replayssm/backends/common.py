@@ -79,7 +79,10 @@ class ReplaySSMBatchState:
                 "on the ring kernels, prefill/extend on SGLang's chunked kernels.",
                 pool.replayssm_family, self.ring_len,
             )
-            if self.stock_decode_below and self.ring_min_batch > 1:
+            if self.stock_decode_below and self.ring_min_batch <= 1:
+                logger.info("sglang-replayssm: GDN decode batches of every size run the ring decode "
+                            "(gdn_ring_min_batch=%d).", self.ring_min_batch)
+            elif self.stock_decode_below:
                 logger.info(
                     "sglang-replayssm: GDN decode batches below %d rows run SGLang's own decode kernel on "
                     "folded checkpoints (the ring decode was slower there on the H200, docs/perf.md); "
