@@ -32,6 +32,7 @@ import sglang_replayssm
 from sglang_replayssm import hooks
 from sglang_replayssm.backends.common import ReplaySSMBatchState
 from sglang_replayssm.pool import PoolBuildContext, ReplaySSMMambaPool, pool_build_context
+from replayssm_kernels.configs import override
 
 from pool_helpers import build_pool, gdn_params, mamba2_params
 
@@ -214,6 +215,47 @@ def test_gdn_backend_hands_stock_mode_decode_to_sglang(monkeypatch):
     with pytest.raises(AssertionError, match="ring path reached"):
         backend.forward_decode(SimpleNamespace(layer_id=0), None, "qkv", None, None)
     assert len(calls) == 1
+
+
+def test_draft_runner_backend_never_touches_the_shared_cursors(monkeypatch):
+    """SGLang builds a hybrid backend with a GDN child for the NEXTN draft runner too (sharing the
+    target's request pool); its draft decode batches must leave the target's ring cursors alone
+    (on the H200 a draft decode at >= 256 rows advanced them before this was pinned). The target's
+    backend on the same pool does advance them, which shows the check can fail."""
+    from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+
+    from sglang_replayssm.backends import gdn as gdn_mod
+
+    def stub_init(self, model_runner):
+        self.device = "cpu"
+        self.req_to_token_pool = model_runner.req_to_token_pool
+
+    def stub_metadata(self, forward_batch):
+        self.forward_metadata = SimpleNamespace(mamba_cache_indices=forward_batch.slots)
+
+    monkeypatch.setattr(GDNAttnBackend, "__init__", stub_init)
+    monkeypatch.setattr(GDNAttnBackend, "init_forward_metadata", stub_metadata)
+    stack = contextlib.ExitStack()
+    stack.enter_context(override("gdn_ring_min_batch", (1,)))  # ring decode at this small batch
+    pool = build_pool("gdn", gdn_params(), size=4, ring_len=4)
+    slots = torch.tensor([0, 1, 2], dtype=torch.int32)
+    batch = SimpleNamespace(forward_mode=ForwardMode.DECODE, slots=slots, mamba_track_mask=None)
+
+    def runner(draft):
+        return SimpleNamespace(req_to_token_pool=SimpleNamespace(mamba_pool=pool), is_draft_worker=draft)
+
+    draft = gdn_mod.ReplaySSMGDNAttnBackend(runner(True))
+    assert draft._rssm is None
+    for _ in range(3):
+        draft.init_forward_metadata(batch)
+    assert pool.replayssm_wpos.tolist() == [0, 0, 0, 0, 0]
+    with pytest.raises(RuntimeError, match="draft model runs GDN layers"):
+        draft.forward_decode(SimpleNamespace(layer_id=0), batch, None, None, None)
+
+    with stack:
+        target = gdn_mod.ReplaySSMGDNAttnBackend(runner(False))
+        target.init_forward_metadata(batch)
+    assert pool.replayssm_wpos[:3].tolist() == [1, 1, 1]
 
 
 # ------------------------------------------------------------------------------ Mamba-2 SSU

@@ -32,10 +32,19 @@ logger = logging.getLogger("sglang_replayssm")
 
 
 def replayssm_pool_of(model_runner, family: str):
-    """The ReplaySSM pool of this runner if it serves `family`, else None (stock path)."""
+    """The ReplaySSM pool of this runner if it serves `family`, else None (stock path).
+
+    A speculative draft runner (NEXTN/MTP) shares the target's request pool, and SGLang gives it a
+    hybrid backend with a linear child too (its `full_attn_layers = [0]`: the MTP head is all
+    softmax attention). That child must never touch the shared cursors: its draft decode steps
+    would otherwise advance the target's ring write positions (at batches >= the ring threshold)
+    and fold every slot. So a draft runner gets None here; `guard_draft_linear_forward` refuses a
+    draft model that does run linear layers."""
     from sglang_replayssm.pool import ReplaySSMMambaPool
 
     pool = getattr(getattr(model_runner, "req_to_token_pool", None), "mamba_pool", None)
+    if isinstance(pool, ReplaySSMMambaPool) and getattr(model_runner, "is_draft_worker", False):
+        return None
     if isinstance(pool, ReplaySSMMambaPool):
         if pool.replayssm_family != family:
             raise RuntimeError(
@@ -44,6 +53,22 @@ def replayssm_pool_of(model_runner, family: str):
             )
         return pool
     return None
+
+
+def is_draft_on_replayssm_pool(model_runner) -> bool:
+    from sglang_replayssm.pool import ReplaySSMMambaPool
+
+    pool = getattr(getattr(model_runner, "req_to_token_pool", None), "mamba_pool", None)
+    return isinstance(pool, ReplaySSMMambaPool) and bool(getattr(model_runner, "is_draft_worker", False))
+
+
+def refuse_draft_linear_forward(family: str) -> None:
+    raise RuntimeError(
+        f"--mamba-backend replayssm: the speculative draft model runs {family} layers on the target's "
+        "ReplaySSM pool, which is not supported (the NEXTN/MTP heads of Qwen3-Next/Qwen3.5 and "
+        "Nemotron-H are attention-only). Use a draft model without linear/SSM layers, or drop "
+        "--mamba-backend replayssm."
+    )
 
 
 class ReplaySSMBatchState:

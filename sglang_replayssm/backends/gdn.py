@@ -19,7 +19,13 @@ from sglang.kernels.ops.mamba.causal_conv1d_triton import causal_conv1d_update
 from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
 
 from replayssm_kernels.gdn import gdn_replay_decode, gdn_replay_verify
-from sglang_replayssm.backends.common import ReplaySSMBatchState, ReplaySSMMetadataMixin, replayssm_pool_of
+from sglang_replayssm.backends.common import (
+    ReplaySSMBatchState,
+    ReplaySSMMetadataMixin,
+    is_draft_on_replayssm_pool,
+    refuse_draft_linear_forward,
+    replayssm_pool_of,
+)
 
 
 class ReplaySSMGDNAttnBackend(ReplaySSMMetadataMixin, GDNAttnBackend):
@@ -27,6 +33,7 @@ class ReplaySSMGDNAttnBackend(ReplaySSMMetadataMixin, GDNAttnBackend):
         super().__init__(model_runner)
         pool = replayssm_pool_of(model_runner, "gdn")
         self._rssm = ReplaySSMBatchState(pool, self.device) if pool is not None else None
+        self._draft_on_pool = is_draft_on_replayssm_pool(model_runner)
 
     # -- layers --------------------------------------------------------------------------------
     def _layer(self, layer_id: int):
@@ -35,6 +42,8 @@ class ReplaySSMGDNAttnBackend(ReplaySSMMetadataMixin, GDNAttnBackend):
         return cache, rings
 
     def forward_decode(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
+        if self._draft_on_pool:
+            refuse_draft_linear_forward("GDN")
         if self._rssm is None or self._rssm.decode_stock:
             # Stock path, or a decode batch below configs.ring_min_batch("gdn"): SGLang's kernel
             # on checkpoints that `prepare` folded (every ring empty).
@@ -60,6 +69,8 @@ class ReplaySSMGDNAttnBackend(ReplaySSMMetadataMixin, GDNAttnBackend):
         return out
 
     def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
+        if self._draft_on_pool:
+            refuse_draft_linear_forward("GDN")
         if self._rssm is None or not forward_batch.forward_mode.is_target_verify():
             return super().forward_extend(layer, forward_batch, mixed_qkv, a, b, **kwargs)
         if self.forward_metadata.retrieve_parent_token is not None:

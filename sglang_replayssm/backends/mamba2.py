@@ -22,7 +22,13 @@ import torch
 
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
 
-from sglang_replayssm.backends.common import ReplaySSMBatchState, ReplaySSMMetadataMixin, replayssm_pool_of
+from sglang_replayssm.backends.common import (
+    ReplaySSMBatchState,
+    ReplaySSMMetadataMixin,
+    is_draft_on_replayssm_pool,
+    refuse_draft_linear_forward,
+    replayssm_pool_of,
+)
 
 
 @dataclass
@@ -61,6 +67,7 @@ class ReplaySSMMamba2AttnBackend(ReplaySSMMetadataMixin, Mamba2AttnBackend):
         super().__init__(model_runner)
         pool = replayssm_pool_of(model_runner, "mamba2")
         self._rssm = ReplaySSMBatchState(pool, self.device) if pool is not None else None
+        self._draft_on_pool = is_draft_on_replayssm_pool(model_runner)
         self._params: dict = {}
         if pool is not None:
             # `[Lm, NH]` A and dt_bias of the pool's exact fold (materialize, commit, copy-on-write),
@@ -91,6 +98,8 @@ class ReplaySSMMamba2AttnBackend(ReplaySSMMetadataMixin, Mamba2AttnBackend):
 
     def forward(self, mixer, hidden_states, output, layer_id, forward_batch, mup_vector=None,
                 use_triton_causal_conv=False):
+        if self._draft_on_pool:
+            refuse_draft_linear_forward("Mamba-2")
         if self._rssm is None:
             return super().forward(mixer, hidden_states, output, layer_id, forward_batch,
                                    mup_vector=mup_vector, use_triton_causal_conv=use_triton_causal_conv)
