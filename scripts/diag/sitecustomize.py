@@ -1,0 +1,81 @@
+"""In-process stack sampler for diagnosing host overhead in SGLang server processes (device runs).
+
+Not part of the package. Put this folder first on PYTHONPATH and set REPLAYSSM_DIAG_SAMPLE=DIR:
+every Python process started then (the launcher, the tokenizer manager, the scheduler, ...)
+samples the stacks of all its threads every REPLAYSSM_DIAG_INTERVAL_MS (default 1) and rewrites
+DIR/<pid>.json every 5 s with, per thread, the sampled wall seconds and the functions they were spent in
+(inclusive: on the stack; self: innermost frame), each sample weighted by the time since the last. `scripts/diag/summarize.py` prints them.
+Works without ptrace (py-spy needs it); costs the sampled process a little GIL time, the same on
+every side of a comparison.
+"""
+
+import os
+
+_DIR = os.environ.get("REPLAYSSM_DIAG_SAMPLE")
+
+if _DIR:
+    import atexit
+    import json
+    import sys
+    import threading
+    import time
+    from collections import Counter
+
+    def _key(code):
+        return f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}:{code.co_name}"
+
+    def _sampler():
+        me = threading.get_ident()
+        interval = float(os.environ.get("REPLAYSSM_DIAG_INTERVAL_MS", "1")) / 1000.0
+        incl, leaf, count = Counter(), Counter(), Counter()
+        names = {}
+        last = time.time()
+        path = os.path.join(_DIR, f"{os.getpid()}.json")
+
+        def dump():
+            out = {"pid": os.getpid(), "argv": sys.argv[:4], "threads": {}}
+            for tname, n in count.items():
+                out["threads"][tname] = {
+                    "samples": n,
+                    "incl": [(k, c) for (t, k), c in incl.most_common() if t == tname][:400],
+                    "self": [(k, c) for (t, k), c in leaf.most_common() if t == tname][:40],
+                }
+            tmp = path + ".tmp"
+            with open(tmp, "w") as fh:
+                json.dump(out, fh)
+            os.replace(tmp, path)
+
+        atexit.register(dump)
+        prev = time.perf_counter()
+        while True:
+            time.sleep(interval)
+            # Weight each sample by the wall time since the previous one: while a thread holds the
+            # GIL the sampler waits up to the switch interval (5 ms), so unweighted counts would
+            # under-represent busy Python code.
+            now = time.perf_counter()
+            dt, prev = now - prev, now
+            if not names or time.time() - last > 5.0:
+                names = {t.ident: t.name for t in threading.enumerate()}
+            for tid, frame in sys._current_frames().items():
+                if tid == me:
+                    continue
+                tname = names.get(tid, str(tid))
+                count[tname] += dt
+                leaf[(tname, _key(frame.f_code))] += dt
+                seen = set()
+                f = frame
+                while f is not None:
+                    k = _key(f.f_code)
+                    if k not in seen:
+                        seen.add(k)
+                        incl[(tname, k)] += dt
+                    f = f.f_back
+            if time.time() - last > 5.0:
+                last = time.time()
+                try:
+                    dump()
+                except OSError:
+                    pass
+
+    os.makedirs(_DIR, exist_ok=True)
+    threading.Thread(target=_sampler, name="replayssm-diag-sampler", daemon=True).start()

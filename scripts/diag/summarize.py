@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""Summarise scripts/diag/sitecustomize.py samples: for each side's folder, the scheduler
+process's busiest thread and the functions it spends its samples in.
+
+    python3 scripts/diag/summarize.py stock=/tmp/diag_stock ours=/tmp/diag_ours [--top 40] [--match replayssm]
+"""
+
+import argparse
+import json
+import pathlib
+
+
+def scheduler_profile(folder: pathlib.Path):
+    """The process/thread whose stacks run SGLang's scheduler event loop the most."""
+    best = None
+    for p in folder.glob("*.json"):
+        d = json.loads(p.read_text())
+        for tname, t in d["threads"].items():
+            loop = sum(c for k, c in t["incl"] if k.startswith("scheduler.py") and "event_loop" in k)
+            if best is None or loop > best[0]:
+                best = (loop, p.name, tname, t)
+    return best
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("sides", nargs="+", help="name=folder")
+    ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--match", default=None, help="also list every function whose key contains this")
+    a = ap.parse_args()
+    for spec in a.sides:
+        name, folder = spec.split("=", 1)
+        best = scheduler_profile(pathlib.Path(folder))
+        if best is None:
+            print(f"== {name}: no samples in {folder}")
+            continue
+        loop, fname, tname, t = best
+        n = t["samples"]
+        print(f"== {name}: {fname} thread {tname}: {n:.1f} s sampled ({loop:.1f} s in the event loop)")
+        print("   inclusive %  function")
+        for k, c in t["incl"][: a.top]:
+            print(f"   {100 * c / n:10.1f}  {k}")
+        print("   self %  function")
+        for k, c in t["self"][:15]:
+            print(f"   {100 * c / n:6.1f}  {k}")
+        if a.match:
+            print(f"   functions matching {a.match!r}:")
+            for k, c in t["incl"]:
+                if a.match in k:
+                    print(f"   {100 * c / n:10.1f}  {k}")
+
+
+if __name__ == "__main__":
+    main()
