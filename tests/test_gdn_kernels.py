@@ -369,3 +369,36 @@ def test_pending_fold_plan_and_cursor_kernels(device):
     n, org = commit_prepare(slot, wpos, origin, acc, 8, 3)  # slot 2: 6 + 3 > 8 -> fold all 6
     assert n.tolist() == [6, 0, 0] and org.tolist() == [2, 0, 1]
     assert wpos.tolist() == [3, 0, 0, 0] and origin.tolist() == [1, 0, 0, 0]
+
+
+def test_commit_prepare_tracked_matches_commit_prepare_with_a_fold_window(device):
+    """The one-launch commit with the radix track plan moves the cursors exactly like
+    `commit_prepare(fold_window=step + 1)` and plans the snapshot at `wp_before + step + 1` into the
+    track slot (none for untracked or padding rows); int64 inputs as SGLang passes them."""
+    from replayssm_kernels import commit_prepare_tracked
+
+    g = torch.Generator().manual_seed(3)
+    S, B, L, T = 40, 33, 16, 4
+    for _ in range(4):
+        slot = torch.randperm(S, generator=g)[:B].to(torch.int64)
+        slot[::7] = -1
+        wpos = torch.randint(0, L - T + 1, (S,), generator=g, dtype=torch.int32)
+        origin = torch.randint(0, L, (S,), generator=g, dtype=torch.int32)
+        acc = torch.randint(1, T + 1, (B,), generator=g, dtype=torch.int64)
+        steps = torch.randint(-1, T, (B,), generator=g, dtype=torch.int64)
+        steps = torch.where(steps < acc, steps, torch.full_like(steps, -1))
+        track = torch.randint(0, S, (B,), generator=g, dtype=torch.int64)
+        w1, o1 = wpos.clone().to(device), origin.clone().to(device)
+        w2, o2 = wpos.clone().to(device), origin.clone().to(device)
+        fw = torch.where(steps >= 0, steps + 1, 0).to(torch.int32)
+        n_ref, org_ref = commit_prepare(slot.to(torch.int32).to(device), w1, o1, acc.to(torch.int32).to(device), L, T,
+                                        fold_window=fw.to(device))
+        n, org, snap_at, snap_slot = commit_prepare_tracked(slot.to(device), w2, o2, acc.to(device), L, T,
+                                                            steps.to(device), track.to(device))
+        assert torch.equal(n, n_ref) and torch.equal(org, org_ref)
+        assert torch.equal(w1, w2) and torch.equal(o1, o2)
+        tracked = (steps >= 0) & (slot >= 0)
+        wp_before = wpos[slot.clamp(min=0)]
+        assert snap_at.cpu().tolist() == torch.where(tracked, wp_before + steps + 1, -1).tolist()
+        assert snap_slot.cpu().tolist() == torch.where(tracked, track, -1).tolist()
+        assert bool(tracked.any()) and bool((n_ref > 0).any())

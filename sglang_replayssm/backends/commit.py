@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from replayssm_kernels import commit_prepare
+from replayssm_kernels import commit_prepare, commit_prepare_tracked
 
 
 def _replayssm_pool(target_worker):
@@ -32,27 +32,29 @@ def commit_after_verify(original, target_worker, batch, accept_lens, accept_inde
     from sglang.srt.speculative.spec_utils import _verify_commit_step_indices
 
     req_pool = target_worker.model_runner.req_to_token_pool
-    slots = req_pool.get_mamba_indices(batch.req_pool_indices).to(torch.int32).contiguous()
+    slots = req_pool.get_mamba_indices(batch.req_pool_indices).to(torch.int32).contiguous()  # no-op when int32
     last_step, steps_to_track = _verify_commit_step_indices(
         batch=batch, accept_index=accept_index, accept_lens=accept_lens, draft_token_num=draft_token_num,
     )
-    fold_window = snap_at = snap_slot = None
-    if steps_to_track is not None:
-        # The state after window step s is the one the radix cache keeps: fold at least through
-        # it and snapshot it into the track slot on the way.
-        wp_before = pool.replayssm_wpos[slots.long().clamp(min=0)]
-        tracked = steps_to_track >= 0
-        fold_window = torch.where(tracked, steps_to_track + 1, 0).to(torch.int32).contiguous()
-        snap_at = torch.where(tracked, wp_before + steps_to_track + 1, -1).to(torch.int32).contiguous()
-        snap_slot = torch.where(tracked, batch.mamba_track_indices, -1).to(torch.int32).contiguous()
     # Early-flush margin: the next window must fit, and the next window may be longer than this
     # one (adaptive speculation switches between step configurations; the pool was sized for
     # the largest, --max-speculative-num-draft-tokens).
     t_max = max(int(draft_token_num), int(pool.replayssm_max_draft_tokens or 0))
-    n_fold, origin = commit_prepare(
-        slots, pool.replayssm_wpos, pool.replayssm_origin, accept_lens.to(torch.int32).contiguous(),
-        pool.replayssm_ring_len, t_max, fold_window=fold_window,
-    )
+    # One launch for the cursor moves (and, with radix tracking, the track snapshot plan: the
+    # state after window step s is the one the radix cache keeps, so fold at least through it
+    # and store it into the track slot on the way); then one fold launch for all layers. Host
+    # work per verify step is what this path costs at small batches.
+    if steps_to_track is not None:
+        n_fold, origin, snap_at, snap_slot = commit_prepare_tracked(
+            slots, pool.replayssm_wpos, pool.replayssm_origin, accept_lens.contiguous(), pool.replayssm_ring_len,
+            t_max, steps_to_track.contiguous(), batch.mamba_track_indices.contiguous(),
+        )
+    else:
+        snap_at = snap_slot = None
+        n_fold, origin = commit_prepare(
+            slots, pool.replayssm_wpos, pool.replayssm_origin, accept_lens.contiguous(), pool.replayssm_ring_len,
+            t_max,
+        )
     pool.replayssm_fold_fn(pool.mamba_cache.temporal, pool.replayssm_rings, slots, n_fold, origin,
                            snap_at=snap_at, snap_slot=snap_slot)
     cache = pool.mamba_cache

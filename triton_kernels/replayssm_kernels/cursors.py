@@ -104,10 +104,15 @@ def _commit_prepare_kernel(
     fold_window,
     row_nfold,
     row_origin,
+    track_steps,
+    track_slots,
+    snap_at,
+    snap_slot,
     B,
     RL: tl.constexpr,
     T_MAX: tl.constexpr,
     HAS_FOLD_WINDOW: tl.constexpr,
+    HAS_TRACK: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     o_r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -125,6 +130,16 @@ def _commit_prepare_kernel(
         # (e.g. the radix track boundary): at least wp + fold_window entries.
         b_fw = tl.load(fold_window + o_r, mask=m_valid, other=0).to(tl.int32)
         b_nfold = tl.where(b_fw > 0, tl.maximum(b_nfold, tl.minimum(b_wp + b_fw, b_n)), b_nfold)
+    if HAS_TRACK:
+        # Radix track boundary after window step `track_steps` (< 0: none): fold at least through
+        # it, and have the fold store the state there (entry wp + step + 1) into `track_slots`.
+        b_st = tl.load(track_steps + o_r, mask=m_valid, other=-1).to(tl.int32)
+        b_tr = m_valid & (b_st >= 0)
+        b_fw = tl.where(b_tr, b_st + 1, 0)
+        b_nfold = tl.where(b_fw > 0, tl.maximum(b_nfold, tl.minimum(b_wp + b_fw, b_n)), b_nfold)
+        b_ts = tl.load(track_slots + o_r, mask=b_tr, other=-1).to(tl.int32)
+        tl.store(snap_at + o_r, tl.where(b_tr, b_wp + b_st + 1, -1), mask=m_r)
+        tl.store(snap_slot + o_r, tl.where(b_tr, b_ts, -1), mask=m_r)
     b_nfold = tl.where(m_valid, b_nfold, 0)
     tl.store(row_nfold + o_r, b_nfold, mask=m_r)
     tl.store(row_origin + o_r, b_org, mask=m_r)
@@ -181,13 +196,74 @@ def commit_prepare(
         fold_window if fold_window is not None else num_accepted,
         row_nfold,
         row_origin,
+        num_accepted,
+        num_accepted,
+        row_nfold,
+        row_origin,
         B,
         RL=ring_len,
         T_MAX=max_draft_tokens,
         HAS_FOLD_WINDOW=fold_window is not None,
+        HAS_TRACK=False,
         BLOCK=_BLOCK_ROWS,
     )
     return row_nfold, row_origin
+
+
+def commit_prepare_tracked(
+    slot_idx: torch.Tensor,
+    wpos: torch.Tensor,
+    origin: torch.Tensor,
+    num_accepted: torch.Tensor,
+    ring_len: int,
+    max_draft_tokens: int,
+    track_steps: torch.Tensor,
+    track_slots: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`commit_prepare` plus the radix-cache track snapshot plan, in one launch.
+
+    Args:
+        track_steps (torch.Tensor): `[B]` int, window step whose state the radix cache keeps
+            (`< 0`: none this step); the row folds at least through it.
+        track_slots (torch.Tensor): `[B]` int, the slot that state goes to.
+        (the others as in `commit_prepare`; slot and count tensors may be int32 or int64)
+
+    Returns:
+        `(row_nfold, row_origin, snap_at, snap_slot)`, `[B]` int32 each: the fold plan and, per
+        row, after how many folded entries to store the state into which slot (`-1`: none), for
+        the fold's `snap_at` / `snap_slot`. Same cursor moves as `commit_prepare` with
+        `fold_window = track_steps + 1` on the tracked rows.
+    """
+    B = slot_idx.shape[0]
+    assert wpos.dtype == torch.int32 and origin.dtype == torch.int32
+    if ring_len < max_draft_tokens:
+        raise ValueError(
+            f"ring_len={ring_len} is smaller than max_draft_tokens={max_draft_tokens}"
+        )
+    out = torch.empty((4, B), dtype=torch.int32, device=slot_idx.device)
+    row_nfold, row_origin, snap_at, snap_slot = out.unbind(0)
+    if B == 0:
+        return row_nfold, row_origin, snap_at, snap_slot
+    _commit_prepare_kernel[(triton.cdiv(B, _BLOCK_ROWS),)](
+        slot_idx,
+        wpos,
+        origin,
+        num_accepted,
+        num_accepted,
+        row_nfold,
+        row_origin,
+        track_steps,
+        track_slots,
+        snap_at,
+        snap_slot,
+        B,
+        RL=ring_len,
+        T_MAX=max_draft_tokens,
+        HAS_FOLD_WINDOW=False,
+        HAS_TRACK=True,
+        BLOCK=_BLOCK_ROWS,
+    )
+    return row_nfold, row_origin, snap_at, snap_slot
 
 
 def pending_fold_plan(
