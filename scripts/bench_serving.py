@@ -1041,6 +1041,10 @@ def parse_args(argv=None):
                    help="at the end, write OUT (without models/) as this .tar.gz and report.md beside it "
                         "(e.g. $OUT/bench.tgz on the device)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--diag", default=None, metavar="DIR",
+                   help="sample the servers' stacks (scripts/diag/sitecustomize.py, working folder DIR) over each "
+                        "measured case; the samples land in OUT/diag/<case>/ "
+                        "(python3 scripts/diag/summarize.py NAME=OUT/diag/<case> ...)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="first port to try (0: any free port)")
     p.add_argument("--startup-timeout", type=float, default=420.0)
@@ -1156,6 +1160,10 @@ def run_side(a, out: Path, model: dict, side: str, concs: list[int], end_time: f
     log_path = out / "logs" / f"{sname}__{stamp}.log"
     run = e2e.ServerRun(name=side, cmd=cmd, log_path=str(log_path), port=port)
     env = side_plugin_env(dict(os.environ), side)
+    if a.diag:  # every process of this server samples its stacks (scripts/diag/sitecustomize.py)
+        env["REPLAYSSM_DIAG_SAMPLE"] = str(Path(a.diag).resolve())
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent / "diag"),
+                                                          env.get("PYTHONPATH")]))
     server_rec = dict(tag=model["tag"], study=a.study, side=side, cmd=cmd, log=str(log_path.relative_to(out)),
                       sglang_plugins=env.get("SGLANG_PLUGINS"), gpu=meta["gpu"], date=meta["date"])
     with e2e.launched_server(run, a.host, a.startup_timeout, env, end_time) as _proc:
@@ -1202,6 +1210,8 @@ def run_side(a, out: Path, model: dict, side: str, concs: list[int], end_time: f
                     print(f"[{side}] time budget (after the warm-up): {len(concs) - i} case(s) left for the next "
                           f"call", flush=True)
                     break
+            if a.diag:
+                _diag_touch(a.diag, "reset")  # the samplers start this case's window
             off = len(e2e._read(str(log_path)))
             if a.client == "sglang":
                 outfile = out / "logs" / f"{cid}__sglang_client.jsonl"
@@ -1222,6 +1232,7 @@ def run_side(a, out: Path, model: dict, side: str, concs: list[int], end_time: f
                 metrics = summarize_requests(reqs, dur, c)
                 reqs_failed = metrics["failed"]
                 err = None if reqs_failed == 0 else f"{reqs_failed}/{n} requests failed: {metrics['errors']}"
+            diag_dir = _diag_collect(a.diag, out / "diag" / cid) if a.diag else None
             log_slice = e2e._read(str(log_path))[off:]
             ok = metrics is not None and reqs_failed == 0
             rec = dict(
@@ -1230,6 +1241,7 @@ def run_side(a, out: Path, model: dict, side: str, concs: list[int], end_time: f
                 client=a.client, metrics=metrics, server_log=decode_line_summary(parse_decode_lines(log_slice), c),
                 fit=fit, server_cmd=cmd, log=server_rec["log"], gpu=meta["gpu"], date=meta["date"],
                 command=meta["command"], sglang_version=meta["sglang_version"], case_wall_s=time.time() - t_case,
+                diag=diag_dir,
             )
             write_json(case_path(out, cid), rec)
             last_case_s = time.time() - t_case
@@ -1246,6 +1258,24 @@ def run_side(a, out: Path, model: dict, side: str, concs: list[int], end_time: f
         server_rec["problems"] = e2e.problem_lines(e2e._read(str(log_path)))
         write_json(out / "servers" / f"{sname}.json", server_rec)
     return stats
+
+
+def _diag_touch(folder: str, name: str) -> None:
+    """Signal the stack samplers of scripts/diag/sitecustomize.py (REPLAYSSM_DIAG_SAMPLE=folder)."""
+    path = Path(folder)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / name).write_text(str(time.time()))
+    time.sleep(0.3)  # the samplers look every 0.1 s
+
+
+def _diag_collect(folder: str, dst: Path) -> str:
+    """Have every sampled process write its window now and copy the files next to the case."""
+    _diag_touch(folder, "dump")
+    time.sleep(0.5)
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in Path(folder).glob("*.json"):
+        shutil.copy(f, dst / f.name)
+    return str(dst)
 
 
 def main(argv=None) -> int:

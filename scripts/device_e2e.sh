@@ -26,6 +26,10 @@
 #   E2E_PROMPTS      prompts per case                            (default 32)
 #   E2E_TOKENS       new tokens per prompt                       (default 256)
 #   E2E_SERVER_FLAGS extra flags for every server (default: explicit small pools, see below)
+#   E2E_GRAPH_BS     --cuda-graph-max-bs-decode of every server   (default 48)
+#   (batches of >= 256 rows, where the GDN ring decode engages by default and where the NEXTN
+#    draft-runner cursor bug lived: E2E_PROMPTS=320 E2E_GRAPH_BS=320 E2E_SERVER_FLAGS="--mem-fraction-static
+#    0.85 --max-total-tokens 200000 --max-mamba-cache-size 1024 --max-running-requests 320")
 #   E2E_OURS_FLAGS   extra flags for our server only (e.g. "--replayssm-ring-len 16")
 #   E2E_DRIVER_FLAGS extra e2e_parity.py flags (e.g. "--issm-check allocated --max-logprob-diff 0.1")
 #   E2E_PREFILL_GRAPH=1  keep prefill CUDA graphs (default: --disable-prefill-cuda-graph; their
@@ -175,7 +179,7 @@ do_run() {
     env "${case_env[@]}" timeout -s TERM -k 15 "$left" "$PY" "$REPO/scripts/e2e_parity.py" --time-budget $(( left - 15 )) \
       --model "${model[$preset]}" "${spec[@]}" --only "$only" --out "$WORK/$name" \
       --port $(( 30000 + 1000 * i )) --num-prompts "$prompts" --max-new-tokens "$tokens" \
-      $prefill_flag --cuda-graph-max-bs 48 --sampling-backend pytorch \
+      $prefill_flag --cuda-graph-max-bs "${E2E_GRAPH_BS:-48}" --sampling-backend pytorch \
       --extra-args="$server_flags" --ours-extra-args="${E2E_OURS_FLAGS:-}" \
       --startup-timeout "$startup" --request-timeout 120 --python "$PY" ${E2E_DRIVER_FLAGS:-} \
       >"$WORK/$name/driver.log" 2>&1 &

@@ -655,3 +655,23 @@ def test_every_side_server_command_is_accepted_by_sglang(tmp_path, model, study,
         sa = prepare_server_args(argv + ["--device", "cpu", "--skip-tokenizer-init", "--disable-radix-cache"])
         assert sa.mamba_backend == ("replayssm" if side == "ours" else "triton"), side
         assert (sa.speculative_algorithm is not None) == (study == "spec" and side != "nospec"), side
+
+
+def test_diag_samples_each_case_window(fake, tmp_path):
+    """--diag runs every server process under scripts/diag's stack sampler and keeps, per case, the
+    samples of that case's window (the sampler's counters are reset after the warm-up)."""
+    import importlib.util
+
+    diag = tmp_path / "diag_work"
+    assert _run(fake, "gdn", "--only", "ours", "--diag", str(diag), concs="2") == 0
+    case = json.loads((fake["out"] / "cases" / "gdn__decode__ours__c2__i8o12.json").read_text())
+    files = sorted(Path(case["diag"]).glob("*.json"))
+    assert files, "no sampler dump was collected for the case"
+    dumps = [json.loads(f.read_text()) for f in files]
+    main = [t for d in dumps for name, t in d["threads"].items() if name == "MainThread"]
+    assert main and all(t["samples"] < case["case_wall_s"] + 1.0 for t in main)  # a window, not the server life
+    spec = importlib.util.spec_from_file_location("diag_summarize", Path(bs.__file__).parent / "diag" / "summarize.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.scheduler_profile(Path(case["diag"])) is not None
+    _assert_all_stopped(fake["pidfile"])

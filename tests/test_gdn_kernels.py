@@ -402,3 +402,13 @@ def test_commit_prepare_tracked_matches_commit_prepare_with_a_fold_window(device
         assert snap_at.cpu().tolist() == torch.where(tracked, wp_before + steps + 1, -1).tolist()
         assert snap_slot.cpu().tolist() == torch.where(tracked, track, -1).tolist()
         assert bool(tracked.any()) and bool((n_ref > 0).any())
+
+
+def test_decode_prepare_reads_bool_and_int_force_masks_alike(device):
+    slot = torch.tensor([0, 1, -1, 2], dtype=torch.int32, device=device)
+    plans = []
+    for force in (torch.tensor([True, False, True, True]), torch.tensor([1, 0, 1, 1], dtype=torch.int64)):
+        wpos = torch.tensor([2, 5, 0, 1], dtype=torch.int32, device=device)
+        row_wp, row_flush = decode_prepare(slot, wpos, 8, force_flush=force.to(device))
+        plans.append((row_wp.tolist(), row_flush.tolist(), wpos.tolist()))
+    assert plans[0] == plans[1] == ([2, 5, 0, 0], [1, 0, 0, 1], [0, 6, 0, 1])

@@ -4,7 +4,10 @@ Not part of the package. Put this folder first on PYTHONPATH and set REPLAYSSM_D
 every Python process started then (the launcher, the tokenizer manager, the scheduler, ...)
 samples the stacks of all its threads every REPLAYSSM_DIAG_INTERVAL_MS (default 1) and rewrites
 DIR/<pid>.json every 5 s with, per thread, the sampled wall seconds and the functions they were spent in
-(inclusive: on the stack; self: innermost frame), each sample weighted by the time since the last. `scripts/diag/summarize.py` prints them.
+(inclusive: on the stack; self: innermost frame), each sample weighted by the time since the last.
+Touching DIR/reset clears every process's counters (a measurement window starts); touching
+DIR/dump makes every process write its file now (`bench_serving.py --diag DIR` does both around
+each measured case). `scripts/diag/summarize.py` prints them.
 Works without ptrace (py-spy needs it); costs the sampled process a little GIL time, the same on
 every side of a comparison.
 """
@@ -47,6 +50,8 @@ if _DIR:
 
         atexit.register(dump)
         prev = time.perf_counter()
+        seen_reset = seen_dump = time.time()
+        next_check = 0.0
         while True:
             time.sleep(interval)
             # Weight each sample by the wall time since the previous one: while a thread holds the
@@ -70,7 +75,21 @@ if _DIR:
                         seen.add(k)
                         incl[(tname, k)] += dt
                     f = f.f_back
-            if time.time() - last > 5.0:
+            force = False
+            if now >= next_check:
+                next_check = now + 0.1
+                for name in ("reset", "dump"):
+                    try:
+                        m = os.stat(os.path.join(_DIR, name)).st_mtime
+                    except OSError:
+                        continue
+                    if name == "reset" and m > seen_reset:
+                        seen_reset = m
+                        incl.clear(), leaf.clear(), count.clear()
+                    elif name == "dump" and m > seen_dump:
+                        seen_dump = m
+                        force = True
+            if force or time.time() - last > 5.0:
                 last = time.time()
                 try:
                     dump()

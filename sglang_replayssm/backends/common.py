@@ -169,10 +169,11 @@ class ReplaySSMBatchState:
                 if bs < self.ring_min_batch:
                     force = self.exact_rows(bs)[1]
                 elif force is not None:
+                    # Any int or bool mask: decode_prepare reads it as is (no conversion launch per step).
                     force = force[:bs]
                     if force.shape[0] < bs:
                         force = torch.cat([force, force.new_zeros(bs - force.shape[0])])
-                    force = force.to(torch.int32).contiguous()
+                    force = force.contiguous()
                 decode_prepare(
                     slots.contiguous(), self.pool.replayssm_wpos, self.ring_len, force_flush=force,
                     row_wp=row_wp, row_flush=row_flush,

@@ -77,7 +77,7 @@ def decode_prepare(
     if force_flush is not None:
         assert force_flush.shape == (B,) and force_flush.is_contiguous()
         if force_flush.dtype == torch.bool:
-            force_flush = force_flush.to(torch.int32)
+            force_flush = force_flush.view(torch.uint8)  # read as bytes: no conversion launch
     if B == 0:
         return row_wp, row_flush
     grid = (triton.cdiv(B, _BLOCK_ROWS),)
