@@ -408,15 +408,29 @@ class ReplaySSMMambaPool(MambaPool):
         self.replayssm_fold_fn = fold
 
     def replayssm_reset_cursors(self, indices) -> None:
+        """Empty the rings of these slots (`< 0` entries skipped). Runs on every slot allocation,
+        so on the GPU it is one kernel launch on the index tensor as given (no conversions)."""
         idx = self._as_index(indices)
         if idx.numel() == 0:
             return
+        if self.replayssm_wpos.is_cuda or _triton_interpret():
+            from replayssm_kernels import reset_cursors
+
+            reset_cursors(idx, self.replayssm_wpos, self.replayssm_origin)
+            return
+        idx = idx[idx >= 0]
         self.replayssm_wpos[idx] = 0
         self.replayssm_origin[idx] = 0
 
     def _as_index(self, indices) -> torch.Tensor:
+        """1-D integer index tensor on the pool's device; a no-op for SGLang's slot tensors."""
+        if isinstance(indices, torch.Tensor) and indices.device == self.replayssm_wpos.device:
+            idx = indices.reshape(-1)
+            if idx.dtype in (torch.int32, torch.int64) and idx.is_contiguous():
+                return idx
+            return idx.to(torch.int64).contiguous()
         idx = torch.as_tensor(indices, device=self.replayssm_wpos.device)
-        return idx.reshape(-1).to(torch.int64)
+        return idx.reshape(-1).to(torch.int64).contiguous()
 
     # -- SGLang slot operations ----------------------------------------------------------------------
     def clear_slots(self, indices: torch.Tensor):
@@ -471,6 +485,12 @@ class ReplaySSMMambaPool(MambaPool):
             dst[:, idx] = t.to(dst.device)
         self.replayssm_wpos[idx] = mamba_cache_cpu.wpos.to(self.replayssm_wpos.device)
         self.replayssm_origin[idx] = mamba_cache_cpu.origin.to(self.replayssm_origin.device)
+
+
+def _triton_interpret() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _ring_names(rings) -> list[str]:

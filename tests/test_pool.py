@@ -365,3 +365,21 @@ def test_cpu_copy_round_trip_carries_rings_and_cursors():
     assert pool.replayssm_wpos[idx].tolist() == [1, 3] and pool.replayssm_origin[idx].tolist() == [3, 1]
     with pytest.raises(RuntimeError, match="rings/cursors"):
         pool.load_cpu_copy((cpu.conv, cpu.temporal), idx)
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_reset_cursors_on_slot_tensors_as_sglang_passes_them(kernel, monkeypatch):
+    """Slot tensors straight from SGLang's allocator (int64, 0-d or 1-d, padding -1) reset exactly
+    their slots, through the one-launch kernel (GPU, interpreter) or the torch fallback (CPU)."""
+    from sglang_replayssm import pool as pool_mod
+    from pool_helpers import build_pool, gdn_params
+
+    monkeypatch.setattr(pool_mod, "_triton_interpret", lambda: kernel)
+    pool = build_pool("gdn", gdn_params(), size=6, ring_len=4)
+    pool.replayssm_wpos.copy_(torch.arange(1, 8, dtype=torch.int32))
+    pool.replayssm_origin.copy_(torch.arange(2, 9, dtype=torch.int32))
+    pool.replayssm_reset_cursors(torch.tensor([4, -1, 1], dtype=torch.int64))
+    pool.replayssm_reset_cursors(torch.tensor(6, dtype=torch.int64))  # 0-d, as `mid[0]`
+    pool.replayssm_reset_cursors([2])
+    assert pool.replayssm_wpos.tolist() == [1, 0, 0, 4, 0, 6, 0]
+    assert pool.replayssm_origin.tolist() == [2, 0, 0, 5, 0, 7, 0]
