@@ -609,3 +609,53 @@ def test_no_buffer_finish_donates_the_slot_with_its_pending_entries(alloc_hooks,
     pool.copy_from(q_req.mamba_cow_src_index.reshape(1), dst)
     assert torch.equal(temporal[0, int(dst)], ref[0])
     assert (int(pool.replayssm_wpos[int(dst)]), int(pool.replayssm_origin[int(dst)])) == (0, 0)
+
+
+def test_commit_hook_host_work_per_verify_step(commit_env, monkeypatch):
+    """At small batches a verify step is host-bound, so the commit hook's own host work is pinned:
+    one cursor/track launch, one fold launch for all layers, SGLang's conv rollback, and no other
+    torch op of ours (SGLang's `_verify_commit_step_indices`, which stock runs too, not counted).
+    Before this was pinned the hook issued ~10 small torch ops per step for the track plan."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from sglang.srt.speculative import spec_utils
+    from sglang_replayssm.backends import commit as commit_mod
+
+    pool = build_pool("gdn", gdn_params(layers=(0,)), size=8, ring_len=8, draft=4, topk=1)
+    mapping = torch.tensor([2, 5], dtype=torch.int32)
+    worker, batch = _worker_and_batch(pool, mapping, torch.tensor([0, 1]), torch.tensor([5, 6]),
+                                      torch.tensor([3, 7]))
+    accept_lens = torch.tensor([2, 4], dtype=torch.int32)
+    accept_index = _chain_accept_index(accept_lens, 4)
+    plan = tuple(torch.zeros(2, dtype=torch.int32) for _ in range(4))
+    launches = []
+    counting = [True]
+    ops = []
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if counting[0]:
+                ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    real_steps = spec_utils._verify_commit_step_indices
+
+    def uncounted(fn, *a, **kw):
+        counting[0] = False
+        try:
+            return fn(*a, **kw)
+        finally:
+            counting[0] = True
+
+
+    # SGLang's own step indices and slot lookup (stock runs both too) are not counted.
+    monkeypatch.setattr(spec_utils, "_verify_commit_step_indices", lambda **kw: uncounted(real_steps, **kw))
+    rp = worker.model_runner.req_to_token_pool
+    rp.get_mamba_indices = lambda i, _real=rp.get_mamba_indices: uncounted(_real, i)
+    monkeypatch.setattr(commit_mod, "commit_prepare_tracked", lambda *a, **k: launches.append("commit") or plan)
+    monkeypatch.setattr(pool, "replayssm_fold_fn", lambda *a, **k: launches.append("fold"))
+    with Count():
+        commit_mod.commit_after_verify(None, worker, batch, accept_lens, accept_index, 4)
+    assert launches == ["commit", "fold"]
+    assert len(commit_env.calls) == 2  # conv rollback: accepted step and track step, as stock
+    assert ops == [], ops
