@@ -984,6 +984,68 @@ def _flush_cache(host: str, port: int) -> None:
         pass
 
 
+def summarize_gpu_trace(path: Path, top: int = 25) -> dict:
+    """Kernel time by name in a torch-profiler chrome trace (`.trace.json[.gz]`), in microseconds."""
+    import gzip
+
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as fh:
+        events = json.load(fh).get("traceEvents", [])
+    by_name: dict = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            t, n = by_name.get(e["name"], (0.0, 0))
+            by_name[e["name"]] = (t + float(e.get("dur", 0.0)), n + 1)
+    total = sum(t for t, _ in by_name.values())
+    rows = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+    return dict(kernel_us=round(total, 1), kernels=sum(n for _, n in by_name.values()),
+                top=[dict(name=k[:160], us=round(t, 1), count=n) for k, (t, n) in rows])
+
+
+def gpu_profile_case(a, port: int, prompts: list, concurrency: int, dst: Path) -> dict:
+    """After a measured case: profile `--gpu-profile-steps` forward steps of a short rerun of the same
+    load (SGLang's /start_profile, GPU activity only) and summarise the kernel time by name."""
+    dst.mkdir(parents=True, exist_ok=True)
+    body = json.dumps(dict(output_dir=str(dst), num_steps=a.gpu_profile_steps, activities=["GPU"],
+                           with_stack=False, record_shapes=False)).encode()
+    # With num_steps SGLang answers /start_profile only once those steps ran: post it aside.
+    answer: dict = {}
+
+    def post():
+        try:
+            req = urllib.request.Request(f"http://{a.host}:{port}/start_profile", data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+            urllib.request.urlopen(req, timeout=90).read()
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            answer["error"] = f"start_profile: {e}"
+
+    import threading
+
+    poster = threading.Thread(target=post, daemon=True)
+    poster.start()
+    time.sleep(1.0)
+    # Enough requests that the profiled steps are reached (4 x 64 tokens is >= 64 steps at C=1 even
+    # when every verify accepts 4 tokens).
+    run_load(a.host, port, prompts[:max(2 * concurrency, 4)], min(a.output_len, 64), concurrency,
+             time.time() + 60, desc="profile", quiet=True)
+    poster.join(timeout=30)
+    if "error" in answer:
+        return answer
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        traces = sorted(dst.glob("*.trace.json*"))
+        if traces and all(t.stat().st_size > 0 for t in traces):
+            time.sleep(1.0)  # let the export finish writing
+            try:
+                out = summarize_gpu_trace(traces[0])
+                out.update(steps=a.gpu_profile_steps, trace=traces[0].name)
+                return out
+            except (OSError, ValueError, EOFError):
+                pass
+        time.sleep(1.0)
+    return dict(error=f"no trace in {dst} within 60 s")
+
+
 # ----------------------------------------------------------------------------------------------
 # Main
 # ----------------------------------------------------------------------------------------------
@@ -1041,6 +1103,10 @@ def parse_args(argv=None):
                    help="at the end, write OUT (without models/) as this .tar.gz and report.md beside it "
                         "(e.g. $OUT/bench.tgz on the device)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--gpu-profile-steps", type=int, default=0, metavar="N",
+                   help="after each measured case, profile N forward steps of a short rerun (C requests, <= 64 "
+                        "tokens) with SGLang's /start_profile (GPU kernels only); kernel time by name goes into "
+                        "the case file (gpu_profile)")
     p.add_argument("--diag", default=None, metavar="DIR",
                    help="sample the servers' stacks (scripts/diag/sitecustomize.py, working folder DIR) over each "
                         "measured case; the samples land in OUT/diag/<case>/ "
@@ -1234,6 +1300,9 @@ def run_side(a, out: Path, model: dict, side: str, concs: list[int], end_time: f
                 err = None if reqs_failed == 0 else f"{reqs_failed}/{n} requests failed: {metrics['errors']}"
             diag_dir = _diag_collect(a.diag, out / "diag" / cid) if a.diag else None
             log_slice = e2e._read(str(log_path))[off:]
+            gpu_prof = None
+            if a.gpu_profile_steps > 0 and _time_left(end_time) > 90:
+                gpu_prof = gpu_profile_case(a, port, prompts, c, out / "gpuprof" / cid)
             ok = metrics is not None and reqs_failed == 0
             rec = dict(
                 id=cid, ok=ok, error=err, tag=model["tag"], model_desc=model["desc"], study=a.study, side=side,
@@ -1241,7 +1310,7 @@ def run_side(a, out: Path, model: dict, side: str, concs: list[int], end_time: f
                 client=a.client, metrics=metrics, server_log=decode_line_summary(parse_decode_lines(log_slice), c),
                 fit=fit, server_cmd=cmd, log=server_rec["log"], gpu=meta["gpu"], date=meta["date"],
                 command=meta["command"], sglang_version=meta["sglang_version"], case_wall_s=time.time() - t_case,
-                diag=diag_dir,
+                diag=diag_dir, gpu_profile=gpu_prof,
             )
             write_json(case_path(out, cid), rec)
             last_case_s = time.time() - t_case

@@ -5,6 +5,7 @@ and whole sweeps (launch, cases, resume, skip, failure, shutdown) against a fake
 import json
 import os
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -390,6 +391,8 @@ log(f"Capture target {'verify' if spec else 'decode'} CUDA graph end. elapsed=0.
 STEP = {"stock": 0.006, "upstream": 0.004, "ours": 0.003}[side]
 ACCEPT = 3 if spec else 1
 running = [0]
+served = [0]
+prof_mark = [0]
 lock = threading.Lock()
 
 def reporter():
@@ -421,6 +424,27 @@ class H(BaseHTTPRequestHandler):
         if self.path == "/flush_cache":
             self._json(200, {})
             return
+        if self.path == "/start_profile":  # SGLang exports a chrome trace after num_steps steps
+            prof_mark[0] = served[0]
+            prof = json.loads(body)
+            assert prof["activities"] == ["GPU"] and prof["num_steps"] > 0
+            import gzip
+            events = [{"ph": "X", "cat": "kernel", "name": f"{side}_kernel", "dur": 10.0},
+                      {"ph": "X", "cat": "kernel", "name": "shared_kernel", "dur": 2.5},
+                      {"ph": "X", "cat": "cpu_op", "name": "aten::add", "dur": 99.0}]
+            path = os.path.join(prof["output_dir"], "fake-TP-0.trace.json.gz")
+            # Like SGLang, answer only once the profiled steps ran: the client must send its load
+            # while this request is pending (a client that waits for the answer first gets a 500).
+            t0 = time.time()
+            while served[0] == prof_mark[0] and time.time() - t0 < 3:
+                time.sleep(0.05)
+            if served[0] == prof_mark[0]:
+                self._json(500, {"error": "no steps ran"})
+                return
+            with gzip.open(path, "wt") as fh:
+                json.dump({"traceEvents": events}, fh)
+            self._json(200, {})
+            return
         req = json.loads(body)
         sp = req["sampling_params"]
         assert sp["temperature"] == 0 and sp["ignore_eos"] is True and req["stream"] is True
@@ -450,6 +474,7 @@ class H(BaseHTTPRequestHandler):
         finally:
             with lock:
                 running[0] -= 1
+                served[0] += 1
         self.close_connection = True
 
 ThreadingHTTPServer.request_queue_size = 256  # the default backlog (5) stalls bursts of connections
@@ -674,4 +699,22 @@ def test_diag_samples_each_case_window(fake, tmp_path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.scheduler_profile(Path(case["diag"])) is not None
+    _assert_all_stopped(fake["pidfile"])
+
+
+def test_gpu_profile_per_case(fake):
+    """--gpu-profile-steps: after each measured case a short profiled rerun; the case file gets the
+    kernel time by name from SGLang's exported trace (CPU ops are not kernels)."""
+    assert _run(fake, "gdn", "--only", "stock,ours", "--gpu-profile-steps", "8", concs="2") == 0
+    for side in ("stock", "ours"):
+        case = json.loads((fake["out"] / "cases" / f"gdn__decode__{side}__c2__i8o12.json").read_text())
+        prof = case["gpu_profile"]
+        assert prof["steps"] == 8 and prof["kernel_us"] == 12.5 and prof["kernels"] == 2, prof
+        assert prof["top"][0] == {"name": f"{side}_kernel", "us": 10.0, "count": 1}
+    cases = fake["out"] / "cases"
+    r = subprocess.run([sys.executable, str(Path(bs.__file__).parent / "diag" / "gpu_compare.py"),
+                        str(cases / "gdn__decode__stock__c2__i8o12.json"),
+                        str(cases / "gdn__decode__ours__c2__i8o12.json")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "1.6 us of kernels per step" in r.stdout and "ours_kernel" in r.stdout
     _assert_all_stopped(fake["pidfile"])
