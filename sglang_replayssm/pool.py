@@ -156,11 +156,12 @@ def _rings_from_fields(family: str, values: dict):
     return Mamba2Rings(**values)
 
 
-def _gdn_fold(state, rings, slot_idx, row_nfold, row_origin, dst=None, dst_idx=None, snap_at=None, snap_slot=None):
+def _gdn_fold(state, rings, slot_idx, row_nfold, row_origin, dst=None, dst_idx=None, snap_at=None, snap_slot=None,
+              cursors=None):
     from replayssm_kernels.gdn.fold import gdn_replay_fold
 
     gdn_replay_fold(state, rings, slot_idx, row_nfold, row_origin, dst=dst, dst_idx=dst_idx,
-                    snap_at=snap_at, snap_slot=snap_slot)
+                    snap_at=snap_at, snap_slot=snap_slot, cursors=cursors)
 
 
 # ------------------------------------------------------------------------------ the pool
@@ -379,7 +380,7 @@ class ReplaySSMMambaPool(MambaPool):
 
     def set_replayssm_fold(self, fn: FoldFn) -> None:
         """Register the exact fold used by `copy_from`:
-        `fn(state, rings, slot_idx, row_nfold, row_origin, dst=, dst_idx=, snap_at=, snap_slot=)` with the
+        `fn(state, rings, slot_idx, row_nfold, row_origin, dst=, dst_idx=, snap_at=, snap_slot=, cursors=)` with the
         signature of
         `replayssm_kernels.gdn.gdn_replay_fold` over all layers (`state` = temporal
         `[Lm, S, ...]`, `rings` = `replayssm_rings`). GDN has a default; the Mamba-2 backend must
@@ -398,11 +399,11 @@ class ReplaySSMMambaPool(MambaPool):
                 raise ValueError(f"{name} must be fp32 [{Lm}, {NH}] with unit head stride, got {tuple(t.shape)} {t.dtype}")
 
         def fold(state, rings, slot_idx, row_nfold, row_origin, dst=None, dst_idx=None, snap_at=None,
-                 snap_slot=None):
+                 snap_slot=None, cursors=None):
             from replayssm_kernels.mamba2.fold import mamba2_replay_fold
 
             mamba2_replay_fold(state, rings, A, dt_bias, slot_idx, row_nfold, row_origin, dst=dst, dst_idx=dst_idx,
-                               snap_at=snap_at, snap_slot=snap_slot)
+                               snap_at=snap_at, snap_slot=snap_slot, cursors=cursors)
 
         self.replayssm_mamba2_params = (A, dt_bias)
         self.replayssm_fold_fn = fold
@@ -450,11 +451,9 @@ class ReplaySSMMambaPool(MambaPool):
                     "the Mamba-2 backend must call mamba_pool.set_replayssm_mamba2_params(A, dt_bias) "
                     "(or set_replayssm_fold) at init."
                 )
-            from replayssm_kernels import pending_fold_plan
-
-            n_fold, origin = pending_fold_plan(src, self.replayssm_wpos, self.replayssm_origin)
             temporal = self.mamba_cache.temporal
-            self.replayssm_fold_fn(temporal, self.replayssm_rings, src, n_fold, origin, dst=temporal, dst_idx=dst)
+            self.replayssm_fold_fn(temporal, self.replayssm_rings, src, None, None, dst=temporal, dst_idx=dst,
+                                   cursors=(self.replayssm_wpos, self.replayssm_origin))
         self.replayssm_reset_cursors(dst)
 
     def get_cpu_copy(self, indices):

@@ -412,3 +412,29 @@ def test_decode_prepare_reads_bool_and_int_force_masks_alike(device):
         row_wp, row_flush = decode_prepare(slot, wpos, 8, force_flush=force.to(device))
         plans.append((row_wp.tolist(), row_flush.tolist(), wpos.tolist()))
     assert plans[0] == plans[1] == ([2, 5, 0, 0], [1, 0, 0, 1], [0, 6, 0, 1])
+
+
+def test_gdn_fold_from_cursors_equals_the_pending_plan(device):
+    """`cursors=(wpos, origin)` folds exactly what `pending_fold_plan` + the fold do, in place and
+    into `dst`, padding skipped, cursors untouched."""
+    gen = torch.Generator().manual_seed(12)
+    Lm, L = 2, 4
+    A_log, dt_bias, state, rings = _direct_setup(device, gen, L=L, Lm=Lm)
+    S = state.shape[1]
+    slot = torch.tensor([5, -1, 0, 2], dtype=torch.int64, device=device)
+    wpos = torch.zeros(S, dtype=torch.int32, device=device)
+    origin = torch.zeros(S, dtype=torch.int32, device=device)
+    wpos[[5, 0, 2]] = torch.tensor([4, 0, 3], dtype=torch.int32, device=device)
+    origin[[5, 0, 2]] = torch.tensor([1, 2, 3], dtype=torch.int32, device=device)
+    n, org = pending_fold_plan(slot, wpos, origin)
+    ref, got = state.clone(), state.clone()
+    gdn_replay_fold(ref, rings, slot, n, org)
+    gdn_replay_fold(got, rings, slot, None, None, cursors=(wpos, origin))
+    assert torch.equal(got, ref) and not torch.equal(got, state)
+    dst_idx = torch.tensor([1, 3, 0, 2], dtype=torch.int32, device=device)
+    d_ref = torch.zeros(Lm, 4, *state.shape[2:], device=device)
+    d_got = torch.zeros_like(d_ref)
+    gdn_replay_fold(state, rings, slot, n, org, dst=d_ref, dst_idx=dst_idx)
+    gdn_replay_fold(state, rings, slot, None, None, dst=d_got, dst_idx=dst_idx, cursors=(wpos, origin))
+    assert torch.equal(d_got, d_ref) and d_ref.any()
+    assert wpos[[5, 0, 2]].tolist() == [4, 0, 3] and origin[[5, 0, 2]].tolist() == [1, 2, 3]

@@ -116,14 +116,27 @@ def test_graph_replay_forces_flush_on_the_captured_track_mask():
         st.prepare(_replay_view(2, 2, buffers), slots_e, graph=True, in_capture=False)
 
 
+def _recording_fold(calls, with_origin):
+    """A fold stand-in that records what it would fold: (slots, n per row[, origin per row], other kwargs).
+    A fold told to read the cursors (`cursors=`) folds what `pending_fold_plan` says at call time."""
+    from replayssm_kernels import pending_fold_plan
+
+    def fold(state, rings, slots, n, org, cursors=None, **kw):
+        if cursors is not None:
+            assert n is None and org is None
+            n, org = pending_fold_plan(slots, *cursors)
+        calls.append((slots.tolist(), n.tolist(), org.tolist(), kw) if with_origin else (slots.tolist(), n.tolist()))
+
+    return fold
+
+
 def test_extend_batches_materialize_every_row():
     """Extend / mixed batches fold every row's pending entries before any layer runs (SGLang's
     chunked kernels read the checkpoint of every row, decode rows of a MIXED batch included)."""
     pool = build_pool("gdn", gdn_params(), size=4, ring_len=4)
     st = ReplaySSMBatchState(pool, "cpu")
     calls = []
-    pool.replayssm_fold_fn = lambda state, rings, slots, n, org, **kw: calls.append((slots.tolist(), n.tolist(),
-                                                                                      org.tolist(), kw))
+    pool.replayssm_fold_fn = _recording_fold(calls, with_origin=True)
     pool.replayssm_wpos[1], pool.replayssm_origin[1] = 3, 2
     pool.replayssm_wpos[3] = 1
     for mode in (ForwardMode.EXTEND, ForwardMode.MIXED):
@@ -150,7 +163,7 @@ def test_small_gdn_decode_batches_run_sglang_kernel_on_folded_checkpoints():
     pool = build_pool("gdn", gdn_params(), size=4, ring_len=4)
     st = ReplaySSMBatchState(pool, "cpu")
     calls = []
-    pool.replayssm_fold_fn = lambda state, rings, slots, n, org, **kw: calls.append((slots.tolist(), n.tolist()))
+    pool.replayssm_fold_fn = _recording_fold(calls, with_origin=False)
     pool.replayssm_wpos[2], pool.replayssm_origin[2] = 3, 1
     decode = SimpleNamespace(forward_mode=ForwardMode.DECODE, mamba_track_mask=None)
     slots = torch.tensor([2, 0], dtype=torch.int32)

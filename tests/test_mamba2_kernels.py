@@ -439,3 +439,30 @@ def test_mamba2_perturbed_ring_is_caught():
     with pytest.raises(AssertionError):
         _check_out("perturbed", y, y_base, y_ref[:, 0], bf16)
     assert not torch.equal(h.state(), S_base)
+
+
+def test_mamba2_fold_from_cursors_equals_the_pending_plan():
+    """`cursors=(wpos, origin)` folds exactly what `pending_fold_plan` + the fold do."""
+    device = DEVICE
+    gen = torch.Generator().manual_seed(12)
+    Lm, L, NH = 2, 4, 4
+    state, rings = _direct_setup(device, gen, L=L, Lm=Lm, NH=NH, slot_pad=2)
+    A = torch.stack([_params(NH, device, gen)[0] for _ in range(Lm)])
+    dt_bias = torch.stack([_params(NH, device, gen)[2] for _ in range(Lm)])
+    S = state.shape[1]
+    slot = torch.tensor([5, -1, 0, 2], dtype=torch.int64, device=device)
+    wpos = torch.zeros(S, dtype=torch.int32, device=device)
+    origin = torch.zeros(S, dtype=torch.int32, device=device)
+    wpos[[5, 0, 2]] = torch.tensor([4, 0, 3], dtype=torch.int32, device=device)
+    origin[[5, 0, 2]] = torch.tensor([1, 2, 3], dtype=torch.int32, device=device)
+    n, org = pending_fold_plan(slot, wpos, origin)
+    ref, got = state.clone(), state.clone()
+    mamba2_replay_fold(ref, rings, A, dt_bias, slot, n, org)
+    mamba2_replay_fold(got, rings, A, dt_bias, slot, None, None, cursors=(wpos, origin))
+    assert torch.equal(got, ref) and not torch.equal(got, state)
+    dst_idx = torch.tensor([1, 3, 0, 2], dtype=torch.int32, device=device)
+    d_ref = torch.zeros(Lm, 4, *state.shape[2:], device=device)
+    d_got = torch.zeros_like(d_ref)
+    mamba2_replay_fold(state, rings, A, dt_bias, slot, n, org, dst=d_ref, dst_idx=dst_idx)
+    mamba2_replay_fold(state, rings, A, dt_bias, slot, None, None, dst=d_got, dst_idx=dst_idx, cursors=(wpos, origin))
+    assert torch.equal(d_got, d_ref) and d_ref.any()

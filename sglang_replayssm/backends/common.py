@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from replayssm_kernels import decode_prepare, pending_fold_plan, reset_cursors
+from replayssm_kernels import decode_prepare, reset_cursors
 from replayssm_kernels.configs import ring_min_batch
 
 logger = logging.getLogger("sglang_replayssm")
@@ -199,11 +199,12 @@ class ReplaySSMBatchState:
         pool = self.pool
         if slots.numel() == 0:
             return
-        slots = slots.to(torch.int32).contiguous()
-        n, org = pending_fold_plan(slots, pool.replayssm_wpos, pool.replayssm_origin)
+        slots = slots.contiguous()
         if pool.replayssm_fold_fn is None:
             raise RuntimeError("ReplaySSM: no exact fold registered on the pool")
-        pool.replayssm_fold_fn(pool.mamba_cache.temporal, pool.replayssm_rings, slots, n, org)
+        # Two launches: the fold reads each slot's cursors itself, then the rings are emptied.
+        pool.replayssm_fold_fn(pool.mamba_cache.temporal, pool.replayssm_rings, slots, None, None,
+                               cursors=(pool.replayssm_wpos, pool.replayssm_origin))
         reset_cursors(slots, pool.replayssm_wpos, pool.replayssm_origin)
 
 

@@ -31,7 +31,7 @@ def _gdn_fold_kernel(
     stride_g_layer, stride_g_slot, stride_beta_layer, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, RL: tl.constexpr, HAS_DST: tl.constexpr,
-    HAS_SNAP: tl.constexpr,
+    HAS_SNAP: tl.constexpr, FROM_CURSORS: tl.constexpr,
 ):
     i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
     i_l = tl.program_id(1)
@@ -40,11 +40,15 @@ def _gdn_fold_kernel(
     slot = tl.load(slot_idx + i_n).to(tl.int64)
     if slot < 0:
         return
-    n_fold = tl.load(row_nfold + i_n)
+    if FROM_CURSORS:  # every pending entry: row_nfold / row_origin are the per-slot cursors
+        n_fold = tl.load(row_nfold + slot)
+        org = tl.load(row_origin + slot)
+    else:
+        n_fold = tl.load(row_nfold + i_n)
+        org = tl.load(row_origin + i_n)
     if not HAS_DST:
         if n_fold <= 0:
             return
-    org = tl.load(row_origin + i_n)
     if HAS_SNAP:
         b_snap_at = tl.load(snap_at + i_n)
         b_snap_slot = tl.load(snap_slot + i_n).to(tl.int64)
@@ -86,12 +90,13 @@ def gdn_replay_fold(
     state: torch.Tensor,
     rings: GDNRings,
     slot_idx: torch.Tensor,
-    row_nfold: torch.Tensor,
-    row_origin: torch.Tensor,
+    row_nfold: Optional[torch.Tensor],
+    row_origin: Optional[torch.Tensor],
     dst: Optional[torch.Tensor] = None,
     dst_idx: Optional[torch.Tensor] = None,
     snap_at: Optional[torch.Tensor] = None,
     snap_slot: Optional[torch.Tensor] = None,
+    cursors: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> None:
     """Fold the first `row_nfold[i]` pending entries of each row into its checkpoint.
 
@@ -107,6 +112,9 @@ def gdn_replay_fold(
         snap_at, snap_slot (torch.Tensor, optional): `[B]` int32; after folding `snap_at[i]`
             entries (> 0), also store the state into slot `snap_slot[i]` (>= 0) of `state`
             (radix-cache track slot). Not combined with `dst`.
+        cursors ((wpos, origin), optional): instead of `row_nfold` / `row_origin` (pass None),
+            fold every pending entry of each slot as the `[S]` int32 cursors say (what
+            `pending_fold_plan` would compute, without its launches); cursors are not changed.
     """
     if state.dim() == 4:
         state = state.unsqueeze(0)
@@ -132,6 +140,9 @@ def gdn_replay_fold(
     BK = triton.next_power_of_2(K)
     BV = min(triton.next_power_of_2(V), 32)
     out = dst if has_dst else state
+    from_cursors = cursors is not None
+    if from_cursors:
+        row_nfold, row_origin = cursors
     grid = (triton.cdiv(V, BV) * B * HV, Lm)
     _gdn_fold_kernel[grid](
         state, out, rings.rawv, rings.rawk, rings.g, rings.beta,
@@ -141,6 +152,6 @@ def gdn_replay_fold(
         rings.rawv.stride(0), rings.rawv.stride(1), rings.rawk.stride(0), rings.rawk.stride(1),
         rings.g.stride(0), rings.g.stride(1), rings.beta.stride(0), rings.beta.stride(1),
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BVF=min(BV, gdn_fold_cols()), RL=rings.ring_len, HAS_DST=has_dst,
-        HAS_SNAP=has_snap,
+        HAS_SNAP=has_snap, FROM_CURSORS=from_cursors,
         num_warps=1, num_stages=3,
     )

@@ -31,7 +31,7 @@ def _mamba2_fold_kernel(
     stride_rdt_layer, stride_rdt_slot, stride_A_layer, stride_bias_layer,
     NH: tl.constexpr, P: tl.constexpr, G: tl.constexpr, N: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, RL: tl.constexpr, HAS_DST: tl.constexpr, HAS_SNAP: tl.constexpr,
-    UNROLL: tl.constexpr,
+    UNROLL: tl.constexpr, FROM_CURSORS: tl.constexpr,
 ):
     NP = (P + BM - 1) // BM
     i_m, i_lnh = tl.program_id(0) % NP, tl.program_id(0) // NP
@@ -43,11 +43,15 @@ def _mamba2_fold_kernel(
     slot = tl.load(slot_idx + i_n).to(tl.int64)
     if slot < 0:
         return
-    n_fold = tl.load(row_nfold + i_n)
+    if FROM_CURSORS:  # every pending entry: row_nfold / row_origin are the per-slot cursors
+        n_fold = tl.load(row_nfold + slot)
+        org = tl.load(row_origin + slot)
+    else:
+        n_fold = tl.load(row_nfold + i_n)
+        org = tl.load(row_origin + i_n)
     if not HAS_DST:
         if n_fold <= 0:
             return
-    org = tl.load(row_origin + i_n)
 
     o_m = i_m * BM + tl.arange(0, BM)
     o_n = tl.arange(0, BN)
@@ -92,12 +96,13 @@ def mamba2_replay_fold(
     A: torch.Tensor,
     dt_bias: torch.Tensor,
     slot_idx: torch.Tensor,
-    row_nfold: torch.Tensor,
-    row_origin: torch.Tensor,
+    row_nfold: Optional[torch.Tensor],
+    row_origin: Optional[torch.Tensor],
     dst: Optional[torch.Tensor] = None,
     dst_idx: Optional[torch.Tensor] = None,
     snap_at: Optional[torch.Tensor] = None,
     snap_slot: Optional[torch.Tensor] = None,
+    cursors: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> None:
     """Fold the first `row_nfold[i]` pending entries of each row into its checkpoint, all layers.
 
@@ -115,6 +120,9 @@ def mamba2_replay_fold(
         snap_at, snap_slot (torch.Tensor, optional): `[B]` int32; after folding `snap_at[i]`
             entries (`0 < snap_at[i] <= row_nfold[i]`), also store the state into slot
             `snap_slot[i]` (>= 0) of `state` (radix-cache track slot). Not combined with `dst`.
+        cursors ((wpos, origin), optional): instead of `row_nfold` / `row_origin` (pass None),
+            fold every pending entry of each slot as the `[S]` int32 cursors say (what
+            `pending_fold_plan` would compute, without its launches); cursors are not changed.
     """
     if state.dim() == 4:
         state = state.unsqueeze(0)
@@ -149,6 +157,9 @@ def mamba2_replay_fold(
         return
     cfg = tile_config("fold", P, N)
     out = dst if has_dst else state
+    from_cursors = cursors is not None
+    if from_cursors:
+        row_nfold, row_origin = cursors
     grid = (Lm * Bsz * NH * triton.cdiv(P, cfg.BM),)
     _mamba2_fold_kernel[grid](
         state, out, rings.x, rings.B, rings.dt, A, dt_bias,
@@ -159,6 +170,6 @@ def mamba2_replay_fold(
         rings.x.stride(0), rings.x.stride(1), rings.B.stride(0), rings.B.stride(1),
         rings.dt.stride(0), rings.dt.stride(1), A.stride(0), dt_bias.stride(0),
         NH=NH, P=P, G=G, N=N, BM=cfg.BM, BN=cfg.BN, RL=rings.ring_len, HAS_DST=has_dst, HAS_SNAP=has_snap,
-        UNROLL=REPLAY_UNROLL,
+        UNROLL=REPLAY_UNROLL, FROM_CURSORS=from_cursors,
         **cfg.launch,
     )
