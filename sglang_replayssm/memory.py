@@ -43,10 +43,42 @@ def build_context_for(configurator) -> PoolBuildContext:
         )
     return PoolBuildContext(
         family=family,
-        ring_len=_args.validated_ring_len(sa),
+        # 0: no rings (the solver found that the GDN ring decode can never engage, see plan_rings)
+        ring_len=0 if getattr(configurator, RINGS_OFF_ATTR, False) else _args.validated_ring_len(sa),
         act_dtype=configurator.model_dtype,
         max_draft_tokens=getattr(sa, "max_speculative_num_draft_tokens", None),
     )
+
+
+RINGS_OFF_ATTR = "_replayssm_rings_off"
+
+
+def plan_rings(configurator, total_rest_memory: float) -> tuple[bool, int]:
+    """Whether this server needs rings at all, and the running-request cap with them.
+
+    A GDN server without speculative decoding uses its rings only for decode batches of at least
+    `configs.ring_min_batch("gdn")` rows (256 by default: below that SGLang's packed decode was
+    faster on the H200). If the scheduler could never run that many requests (the cap SGLang
+    derives from the slots, `slots // mamba ratio`, or --max-running-requests), the rings would
+    only take memory, so none are allocated: the pool is the size stock SGLang gives it and every
+    decode step runs SGLang's kernel. Mamba-2 (ring decode at every batch size) and speculative
+    decoding (the rings replace `intermediate_ssm`) always keep them."""
+    from replayssm_kernels.configs import ring_min_batch
+
+    from sglang.srt.runtime_context import get_schedule
+
+    setattr(configurator, RINGS_OFF_ATTR, False)
+    ctx = build_context_for(configurator)
+    spec = getattr(configurator, "spec_algorithm", None)
+    speculative = spec is not None and not spec.is_none()
+    slots, _ = solve_max_mamba_cache(configurator, total_rest_memory)
+    cap = slots // max(int(configurator._calculate_mamba_ratio()), 1)
+    user = get_schedule().max_running_requests
+    if user is not None:
+        cap = min(cap, user // configurator.ps.attn_dp_size)
+    needed = ctx.family != "gdn" or speculative or cap >= ring_min_batch("gdn")
+    setattr(configurator, RINGS_OFF_ATTR, not needed)
+    return needed, cap
 
 
 def around_build_hybrid_req_pool(original, self, *args, **kwargs):
@@ -55,6 +87,12 @@ def around_build_hybrid_req_pool(original, self, *args, **kwargs):
         return original(self, *args, **kwargs)
     with pool_build_context(build_context_for(self)):
         return original(self, *args, **kwargs)
+
+
+def _ring_min_batch_gdn() -> int:
+    from replayssm_kernels.configs import ring_min_batch
+
+    return ring_min_batch("gdn")
 
 
 def _stage_layer_scale(configurator) -> float:
@@ -79,7 +117,9 @@ def slot_bytes(configurator) -> dict:
     ctx = build_context_for(configurator)
     scale = _stage_layer_scale(configurator)
     state = int(params.mamba_cache_per_req * scale)
-    rings = int(ring_bytes_per_slot(ctx.family, params, ctx.ring_len, ctx.act_dtype, len(params.layers)) * scale)
+    rings = 0
+    if ctx.ring_len > 0:
+        rings = int(ring_bytes_per_slot(ctx.family, params, ctx.ring_len, ctx.act_dtype, len(params.layers)) * scale)
     return {
         "state": state,
         "rings": rings,
@@ -119,7 +159,18 @@ def around_handle_max_mamba_cache(original, self, total_rest_memory, *args, **kw
         return original(self, total_rest_memory, *args, **kwargs)
     from sglang.srt.runtime_context import get_context, get_schedule
 
+    rings, cap = plan_rings(self, total_rest_memory)
     slots, rest = solve_max_mamba_cache(self, total_rest_memory)
+    if not rings:
+        logger.info(
+            "sglang-replayssm: no rings allocated. This GDN server without speculative decoding admits at "
+            "most %d running requests with rings, and its ring decode starts at %d rows (below that "
+            "SGLang's own decode kernel is faster, docs/perf.md), so every decode step runs SGLang's "
+            "kernel and the pool keeps stock SGLang's size (%d slots). To use the ring decode, allow >= %d "
+            "running requests (more memory, --max-mamba-cache-size, --disable-radix-cache) or set "
+            "REPLAYSSM_CONFIG=gdn_ring_min_batch=N.",
+            cap, _ring_min_batch_gdn(), slots, _ring_min_batch_gdn(),
+        )
     if get_schedule().max_mamba_cache_size != slots:
         get_context().override("replayssm.mamba_pool", max_mamba_cache_size=slots)
     sizes = slot_bytes(self)

@@ -241,7 +241,9 @@ class ReplaySSMMambaPool(MambaPool):
                 f"ReplaySSMMambaPool: the SSM state must be float32 (exact fold), got "
                 f"{cache_params.dtype.temporal}; use --mamba-ssm-dtype float32."
             )
-        if ctx.ring_len < 1:
+        if ctx.ring_len < 0 or (ctx.ring_len == 0 and (ctx.family != "gdn" or speculative_num_draft_tokens is not None)):
+            # 0 = no rings: only for a GDN server without speculative decoding whose ring decode can
+            # never engage (memory.plan_rings decides; every decode runs SGLang's kernel then).
             raise RuntimeError(f"ReplaySSMMambaPool: ring length must be >= 1, got {ctx.ring_len}")
         if speculative_num_draft_tokens is not None and ctx.ring_len < speculative_num_draft_tokens:
             raise RuntimeError(
@@ -444,7 +446,7 @@ class ReplaySSMMambaPool(MambaPool):
         super().copy_from(src_indices, dst_indices)
         src = self._as_index(src_indices).to(torch.int32).contiguous()
         dst = self._as_index(dst_indices).to(torch.int32).contiguous()
-        if src.numel() > 0 and len(self.mamba_layer_ids) > 0:
+        if src.numel() > 0 and len(self.mamba_layer_ids) > 0 and self.replayssm_ring_len > 0:
             if self.replayssm_fold_fn is None:
                 raise RuntimeError(
                     f"ReplaySSMMambaPool({self.replayssm_family}).copy_from: no exact fold registered; "

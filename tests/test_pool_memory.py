@@ -19,6 +19,7 @@ from sglang.srt.configs.hybrid_arch import hybrid_gdn_config, mambaish_config
 from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
 from sglang.srt.runtime_context import get_context, get_memory, get_parallel, get_schedule, publish
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from replayssm_kernels.gdn.rings import gdn_ring_shapes
@@ -214,3 +215,46 @@ def test_pool_allocates_what_the_solver_charges(models, published, name, draft):
     assert cursors == S * sizes["cursors"]
     if draft is not None:
         assert pool.mamba_cache.intermediate_ssm is None
+
+
+def test_gdn_decode_only_server_below_the_ring_threshold_gets_no_rings(models, published, caplog):
+    """A GDN server without speculative decoding that can never run `ring_min_batch("gdn")` requests
+    (here --max-running-requests 8) would only pay memory for rings: none are allocated, the pool gets
+    stock SGLang's slot count, every decode batch runs SGLang's kernel, and the log says so. With the
+    threshold lowered, with speculative decoding, or for Mamba-2, the rings stay."""
+    import logging
+
+    from replayssm_kernels.configs import override
+
+    from sglang_replayssm.backends.common import ReplaySSMBatchState
+
+    stock_fn = inspect.unwrap(KVCacheConfigurator._handle_max_mamba_cache)
+    cfg = configurator(models, "qwen3_next")
+    with get_context().preserve_config():
+        stock_fn(configurator(models, "qwen3_next", replayssm=False), 10.0)
+        stock_slots = get_schedule().max_mamba_cache_size
+    with get_context().preserve_config(), caplog.at_level(logging.INFO, logger="sglang_replayssm"):
+        memory.around_handle_max_mamba_cache(None, cfg, 10.0)
+        assert get_schedule().max_mamba_cache_size == stock_slots  # cursors (8 B/slot) fit the slack
+    assert "no rings allocated" in caplog.text and "at most 8 running requests" in caplog.text
+    assert memory.slot_bytes(cfg)["rings"] == 0
+    ctx = memory.build_context_for(cfg)
+    assert ctx.ring_len == 0
+    with get_parallel().override(attn_tp_size=1):
+        params = cfg.mambaish_config.mamba2_cache_params
+    with pool_build_context(ctx):
+        pool = ReplaySSMMambaPool(size=3, spec_state_size=2, cache_params=params, mamba_layer_ids=params.layers,
+                                  device="cpu", speculative_num_draft_tokens=None, speculative_eagle_topk=1)
+    assert pool.replayssm_rings.nbytes() == 0
+    st = ReplaySSMBatchState(pool, "cpu")
+    st.prepare(SimpleNamespace(forward_mode=ForwardMode.DECODE), torch.arange(4, dtype=torch.int32),
+               graph=False, in_capture=False)
+    assert st.decode_stock and pool.replayssm_wpos.tolist() == [0, 0, 0, 0]
+
+    with override("gdn_ring_min_batch", (8,)):
+        assert memory.plan_rings(cfg, 10.0) == (True, 8)
+    assert memory.plan_rings(configurator(models, "qwen3_next", draft=4, spec=SpeculativeAlgorithm.EAGLE), 10.0)[0]
+    assert memory.plan_rings(configurator(models, "nemotron_h"), 10.0)[0]
+    with get_schedule().override(max_running_requests=4096):  # only the slots cap the requests
+        ok, cap = memory.plan_rings(cfg, 200.0)
+        assert ok and cap >= 256

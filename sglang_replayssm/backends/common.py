@@ -83,10 +83,15 @@ class ReplaySSMBatchState:
         # a Mamba-2 batch runs the exact recurrence every step.
         self.ring_min_batch = ring_min_batch(pool.replayssm_family)
         self.stock_decode_below = pool.replayssm_family == "gdn"
+        # A GDN pool without rings (memory.plan_rings: the ring decode could never engage on this
+        # server): every decode batch runs the parent's kernel, nothing is ever pending.
+        self.rings_off = self.ring_len == 0
+        if self.rings_off:
+            self.ring_min_batch = 1 << 30
         # This batch's decode runs the parent backend's kernel (set per batch by `prepare`).
         self.decode_stock = False
         # Some ring may hold pending entries (any ring decode or verify since the last full fold).
-        self._rings_dirty = True
+        self._rings_dirty = not self.rings_off
         self._all_slots: Optional[torch.Tensor] = None
         self.row_wp: Optional[torch.Tensor] = None
         self.row_flush: Optional[torch.Tensor] = None
@@ -99,12 +104,19 @@ class ReplaySSMBatchState:
         logged = getattr(pool, "_replayssm_backend_logged", False)
         if not logged:
             pool._replayssm_backend_logged = True
-            logger.info(
-                "sglang-replayssm: %s layers run ReplaySSM (ring_len=%d): decode and target verify "
-                "on the ring kernels, prefill/extend on SGLang's chunked kernels.",
-                pool.replayssm_family, self.ring_len,
-            )
-            if self.stock_decode_below and self.ring_min_batch <= 1:
+            if self.rings_off:
+                logger.info("sglang-replayssm: no rings on this GDN server (see the 'no rings allocated' line): "
+                            "every decode batch runs SGLang's own decode kernel, prefill/extend its chunked "
+                            "kernels.")
+            else:
+                logger.info(
+                    "sglang-replayssm: %s layers run ReplaySSM (ring_len=%d): decode and target verify "
+                    "on the ring kernels, prefill/extend on SGLang's chunked kernels.",
+                    pool.replayssm_family, self.ring_len,
+                )
+            if self.rings_off:
+                pass
+            elif self.stock_decode_below and self.ring_min_batch <= 1:
                 logger.info("sglang-replayssm: GDN decode batches of every size run the ring decode "
                             "(gdn_ring_min_batch=%d).", self.ring_min_batch)
             elif self.stock_decode_below:
@@ -197,7 +209,7 @@ class ReplaySSMBatchState:
     def materialize(self, slots: torch.Tensor) -> None:
         """Fold every pending entry of these slots into their checkpoints and empty the rings."""
         pool = self.pool
-        if slots.numel() == 0:
+        if slots.numel() == 0 or self.rings_off:
             return
         slots = slots.contiguous()
         if pool.replayssm_fold_fn is None:
