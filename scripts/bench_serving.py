@@ -1083,7 +1083,9 @@ def parse_args(argv=None):
                    help="builtin: stdlib streaming /generate client; sglang: python -m sglang.benchmark.serving "
                         "(needs aiohttp/requests and a tokenizer covering the vocabulary)")
     p.add_argument("--launch-max-running-requests", type=int, default=1024,
-                   help="--max-running-requests of every server (large: the server's own limit is the fit)")
+                   help="--max-running-requests of every server (large: the server's own limit is the fit; 0: "
+                        "not passed, e.g. with --disable-radix-cache, where SGLang then sizes one slot per "
+                        "request from memory)")
     p.add_argument("--cuda-graph-max-bs", type=int, default=None, help="default: the largest concurrency")
     p.add_argument("--mem-fraction-static", type=float, default=None)
     p.add_argument("--attention-backend", default=None, help="default: flashinfer for Nemotron-H, else triton")
@@ -1193,7 +1195,7 @@ def _server_cmd(a, model: dict, side: str, port: int) -> list[str]:
         attention_backend=attention, sampling_backend=a.sampling_backend, moe_runner_backend=moe, spec=spec,
         disable_prefill_cuda_graph=not a.prefill_cuda_graph,
         cuda_graph_max_bs=a.cuda_graph_max_bs or max(a.concurrency_list),
-        mem_fraction_static=a.mem_fraction_static, max_running_requests=a.launch_max_running_requests,
+        mem_fraction_static=a.mem_fraction_static, max_running_requests=a.launch_max_running_requests or None,
         extra_args=load + extra + shlex.split(a.server_args) + shlex.split(side_extra),
     )
 

@@ -718,3 +718,12 @@ def test_gpu_profile_per_case(fake):
     assert r.returncode == 0, r.stderr
     assert "1.6 us of kernels per step" in r.stdout and "ours_kernel" in r.stdout
     _assert_all_stopped(fake["pidfile"])
+
+
+def test_launch_max_running_requests_zero_leaves_the_flag_out(tmp_path):
+    a = bs.parse_args(["--out", str(tmp_path), "--model", "gdn", "--launch-max-running-requests", "0"])
+    info = dict(dir=str(tmp_path), kind="qwen3_next", weights="dummy", family="gdn")
+    assert "--max-running-requests" not in bs._server_cmd(a, info, "ours", 30000)
+    a = bs.parse_args(["--out", str(tmp_path), "--model", "gdn"])
+    cmd = bs._server_cmd(a, info, "ours", 30000)
+    assert cmd[cmd.index("--max-running-requests") + 1] == "1024"
