@@ -70,7 +70,7 @@ def plan_rings(configurator, total_rest_memory: float) -> tuple[bool, int]:
     setattr(configurator, RINGS_OFF_ATTR, False)
     ctx = build_context_for(configurator)
     spec = getattr(configurator, "spec_algorithm", None)
-    speculative = spec is not None and not spec.is_none()
+    speculative = (spec is not None and not spec.is_none()) or ctx.max_draft_tokens is not None
     slots, _ = solve_max_mamba_cache(configurator, total_rest_memory)
     cap = slots // max(int(configurator._calculate_mamba_ratio()), 1)
     user = get_schedule().max_running_requests
