@@ -44,7 +44,8 @@ def describe() -> str:
         "gdn_decode=" + gdn_decode_config(128, 128).key(),
         "gdn_verify=" + "x".join(map(str, gdn_verify_config(128, 128, 4))),
         f"gdn_fold_cols={gdn_fold_cols()}",
-        f"gdn_ring_min_batch={ring_min_batch('gdn')} (below: SGLang's packed decode on folded checkpoints)",
+        f"gdn_ring_min_batch={ring_min_batch('gdn')} (below: SGLang's packed decode on folded checkpoints; "
+        "a GDN server without speculative decoding that cannot run this many requests allocates no rings)",
         f"mamba2_ring_min_batch={ring_min_batch('mamba2')} (below: exact recurrence every step)",
     ])
 
