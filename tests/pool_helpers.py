@@ -28,3 +28,14 @@ def build_pool(family, cp, *, size=4, ring_len=4, draft=None, topk=None, act=bf1
             size=size, spec_state_size=3, cache_params=cp, mamba_layer_ids=cp.layers, device="cpu",
             speculative_num_draft_tokens=draft, speculative_eagle_topk=topk,
         )
+
+
+def pending_cursor_case(num_slots: int, device):
+    """Rows `[5, -1, 0, 2]` (one padding row) over `num_slots` slots whose cursors hold 4, 0 and 3
+    pending entries from origins 1, 2 and 3: `(slot_idx int64, wpos, origin)`."""
+    slot = torch.tensor([5, -1, 0, 2], dtype=torch.int64, device=device)
+    wpos = torch.zeros(num_slots, dtype=torch.int32, device=device)
+    origin = torch.zeros(num_slots, dtype=torch.int32, device=device)
+    wpos[[5, 0, 2]] = torch.tensor([4, 0, 3], dtype=torch.int32, device=device)
+    origin[[5, 0, 2]] = torch.tensor([1, 2, 3], dtype=torch.int32, device=device)
+    return slot, wpos, origin

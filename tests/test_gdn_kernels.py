@@ -420,12 +420,9 @@ def test_gdn_fold_from_cursors_equals_the_pending_plan(device):
     gen = torch.Generator().manual_seed(12)
     Lm, L = 2, 4
     A_log, dt_bias, state, rings = _direct_setup(device, gen, L=L, Lm=Lm)
-    S = state.shape[1]
-    slot = torch.tensor([5, -1, 0, 2], dtype=torch.int64, device=device)
-    wpos = torch.zeros(S, dtype=torch.int32, device=device)
-    origin = torch.zeros(S, dtype=torch.int32, device=device)
-    wpos[[5, 0, 2]] = torch.tensor([4, 0, 3], dtype=torch.int32, device=device)
-    origin[[5, 0, 2]] = torch.tensor([1, 2, 3], dtype=torch.int32, device=device)
+    from pool_helpers import pending_cursor_case
+
+    slot, wpos, origin = pending_cursor_case(state.shape[1], device)
     n, org = pending_fold_plan(slot, wpos, origin)
     ref, got = state.clone(), state.clone()
     gdn_replay_fold(ref, rings, slot, n, org)

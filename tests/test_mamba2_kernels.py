@@ -318,6 +318,12 @@ def test_mamba2_padding_rows_write_nothing():
     assert torch.isnan(dst[0, 1]).all() and not torch.isnan(dst[0, [0, 2]]).any()
 
 
+def _per_layer_params(Lm, NH, device, gen):
+    """`[Lm, NH]` A and dt_bias, one draw of `_params` per layer."""
+    draws = [_params(NH, device, gen) for _ in range(Lm)]
+    return torch.stack([d[0] for d in draws]), torch.stack([d[2] for d in draws])
+
+
 def test_mamba2_fold_all_layers_equals_per_layer():
     """One launch over all layers (per-layer A and dt_bias, strided slot views) equals layer-by-layer
     folds; `dst` equals the in-place result and copies rows with nothing to fold."""
@@ -325,8 +331,7 @@ def test_mamba2_fold_all_layers_equals_per_layer():
     gen = torch.Generator().manual_seed(11)
     Lm, L, NH = 3, 4, 4
     state, rings = _direct_setup(device, gen, L=L, Lm=Lm, NH=NH, slot_pad=2)
-    A = torch.stack([_params(NH, device, gen)[0] for _ in range(Lm)])
-    dt_bias = torch.stack([_params(NH, device, gen)[2] for _ in range(Lm)])
+    A, dt_bias = _per_layer_params(Lm, NH, device, gen)
     slot = torch.tensor([5, 0, 2, -1], dtype=torch.int32, device=device)
     n = torch.tensor([4, 1, 0, 2], dtype=torch.int32, device=device)
     org = torch.tensor([1, 3, 0, 0], dtype=torch.int32, device=device)
@@ -359,8 +364,7 @@ def test_mamba2_fold_snapshot_at_track_step():
     gen = torch.Generator().manual_seed(17)
     Lm, L, NH, S = 2, 8, 4, 8
     state, rings = _direct_setup(device, gen, L=L, Lm=Lm, NH=NH, S=S)
-    A = torch.stack([_params(NH, device, gen)[0] for _ in range(Lm)])
-    dt_bias = torch.stack([_params(NH, device, gen)[2] for _ in range(Lm)])
+    A, dt_bias = _per_layer_params(Lm, NH, device, gen)
     slot = torch.tensor([1, 4, 3], dtype=torch.int32, device=device)
     n = torch.tensor([6, 3, 5], dtype=torch.int32, device=device)
     org = torch.tensor([5, 0, 2], dtype=torch.int32, device=device)
@@ -447,14 +451,10 @@ def test_mamba2_fold_from_cursors_equals_the_pending_plan():
     gen = torch.Generator().manual_seed(12)
     Lm, L, NH = 2, 4, 4
     state, rings = _direct_setup(device, gen, L=L, Lm=Lm, NH=NH, slot_pad=2)
-    A = torch.stack([_params(NH, device, gen)[0] for _ in range(Lm)])
-    dt_bias = torch.stack([_params(NH, device, gen)[2] for _ in range(Lm)])
-    S = state.shape[1]
-    slot = torch.tensor([5, -1, 0, 2], dtype=torch.int64, device=device)
-    wpos = torch.zeros(S, dtype=torch.int32, device=device)
-    origin = torch.zeros(S, dtype=torch.int32, device=device)
-    wpos[[5, 0, 2]] = torch.tensor([4, 0, 3], dtype=torch.int32, device=device)
-    origin[[5, 0, 2]] = torch.tensor([1, 2, 3], dtype=torch.int32, device=device)
+    A, dt_bias = _per_layer_params(Lm, NH, device, gen)
+    from pool_helpers import pending_cursor_case
+
+    slot, wpos, origin = pending_cursor_case(state.shape[1], device)
     n, org = pending_fold_plan(slot, wpos, origin)
     ref, got = state.clone(), state.clone()
     mamba2_replay_fold(ref, rings, A, dt_bias, slot, n, org)

@@ -147,6 +147,41 @@ def _commit_prepare_kernel(
     tl.store(origin + b_slot, (b_org + b_nfold) % RL, mask=m_valid)
 
 
+def _launch_commit(slot_idx, wpos, origin, num_accepted, ring_len, max_draft_tokens, row_nfold, row_origin,
+                   fold_window=None, track=None) -> None:
+    """The one commit launch behind `commit_prepare` and `commit_prepare_tracked`.
+    `track`: None or `(track_steps, track_slots, snap_at, snap_slot)`."""
+    assert wpos.dtype == torch.int32 and origin.dtype == torch.int32
+    if ring_len < max_draft_tokens:
+        raise ValueError(
+            f"ring_len={ring_len} is smaller than max_draft_tokens={max_draft_tokens}"
+        )
+    B = slot_idx.shape[0]
+    if B == 0:
+        return
+    steps, tslots, snap_at, snap_slot = track if track is not None else (num_accepted, num_accepted, row_nfold,
+                                                                          row_origin)
+    _commit_prepare_kernel[(triton.cdiv(B, _BLOCK_ROWS),)](
+        slot_idx,
+        wpos,
+        origin,
+        num_accepted,
+        fold_window if fold_window is not None else num_accepted,
+        row_nfold,
+        row_origin,
+        steps,
+        tslots,
+        snap_at,
+        snap_slot,
+        B,
+        RL=ring_len,
+        T_MAX=max_draft_tokens,
+        HAS_FOLD_WINDOW=fold_window is not None,
+        HAS_TRACK=track is not None,
+        BLOCK=_BLOCK_ROWS,
+    )
+
+
 def commit_prepare(
     slot_idx: torch.Tensor,
     wpos: torch.Tensor,
@@ -176,37 +211,12 @@ def commit_prepare(
         kernel must run with these before the next verify.
     """
     B = slot_idx.shape[0]
-    assert wpos.dtype == torch.int32 and origin.dtype == torch.int32
-    if ring_len < max_draft_tokens:
-        raise ValueError(
-            f"ring_len={ring_len} is smaller than max_draft_tokens={max_draft_tokens}"
-        )
     if row_nfold is None:
         row_nfold = torch.empty(B, dtype=torch.int32, device=slot_idx.device)
     if row_origin is None:
         row_origin = torch.empty(B, dtype=torch.int32, device=slot_idx.device)
-    if B == 0:
-        return row_nfold, row_origin
-    grid = (triton.cdiv(B, _BLOCK_ROWS),)
-    _commit_prepare_kernel[grid](
-        slot_idx,
-        wpos,
-        origin,
-        num_accepted,
-        fold_window if fold_window is not None else num_accepted,
-        row_nfold,
-        row_origin,
-        num_accepted,
-        num_accepted,
-        row_nfold,
-        row_origin,
-        B,
-        RL=ring_len,
-        T_MAX=max_draft_tokens,
-        HAS_FOLD_WINDOW=fold_window is not None,
-        HAS_TRACK=False,
-        BLOCK=_BLOCK_ROWS,
-    )
+    _launch_commit(slot_idx, wpos, origin, num_accepted, ring_len, max_draft_tokens, row_nfold, row_origin,
+                   fold_window=fold_window)
     return row_nfold, row_origin
 
 
@@ -234,36 +244,25 @@ def commit_prepare_tracked(
         the fold's `snap_at` / `snap_slot`. Same cursor moves as `commit_prepare` with
         `fold_window = track_steps + 1` on the tracked rows.
     """
-    B = slot_idx.shape[0]
-    assert wpos.dtype == torch.int32 and origin.dtype == torch.int32
-    if ring_len < max_draft_tokens:
-        raise ValueError(
-            f"ring_len={ring_len} is smaller than max_draft_tokens={max_draft_tokens}"
-        )
-    out = torch.empty((4, B), dtype=torch.int32, device=slot_idx.device)
+    out = torch.empty((4, slot_idx.shape[0]), dtype=torch.int32, device=slot_idx.device)
     row_nfold, row_origin, snap_at, snap_slot = out.unbind(0)
-    if B == 0:
-        return row_nfold, row_origin, snap_at, snap_slot
-    _commit_prepare_kernel[(triton.cdiv(B, _BLOCK_ROWS),)](
-        slot_idx,
-        wpos,
-        origin,
-        num_accepted,
-        num_accepted,
-        row_nfold,
-        row_origin,
-        track_steps,
-        track_slots,
-        snap_at,
-        snap_slot,
-        B,
-        RL=ring_len,
-        T_MAX=max_draft_tokens,
-        HAS_FOLD_WINDOW=False,
-        HAS_TRACK=True,
-        BLOCK=_BLOCK_ROWS,
-    )
+    _launch_commit(slot_idx, wpos, origin, num_accepted, ring_len, max_draft_tokens, row_nfold, row_origin,
+                   track=(track_steps, track_slots, snap_at, snap_slot))
     return row_nfold, row_origin, snap_at, snap_slot
+
+
+@triton.jit
+def load_fold_plan(row_nfold, row_origin, i_n, slot, FROM_CURSORS: tl.constexpr):
+    """(entries to fold, origin) of row `i_n` / slot `slot` for the fold kernels: from the per-row
+    plan (`commit_prepare`, `pending_fold_plan`), or, with FROM_CURSORS, from the per-slot cursors
+    themselves (every pending entry)."""
+    if FROM_CURSORS:
+        n_fold = tl.load(row_nfold + slot)
+        org = tl.load(row_origin + slot)
+    else:
+        n_fold = tl.load(row_nfold + i_n)
+        org = tl.load(row_origin + i_n)
+    return n_fold, org
 
 
 def pending_fold_plan(

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from ..configs import gdn_fold_cols
+from ..cursors import load_fold_plan
 from .common import gdn_exact_step, gdn_tile_ids
 from .rings import GDNRings, check_gdn_rings
 
@@ -40,12 +41,7 @@ def _gdn_fold_kernel(
     slot = tl.load(slot_idx + i_n).to(tl.int64)
     if slot < 0:
         return
-    if FROM_CURSORS:  # every pending entry: row_nfold / row_origin are the per-slot cursors
-        n_fold = tl.load(row_nfold + slot)
-        org = tl.load(row_origin + slot)
-    else:
-        n_fold = tl.load(row_nfold + i_n)
-        org = tl.load(row_origin + i_n)
+    n_fold, org = load_fold_plan(row_nfold, row_origin, i_n, slot, FROM_CURSORS)
     if not HAS_DST:
         if n_fold <= 0:
             return
