@@ -71,7 +71,12 @@ def plan_rings(configurator, total_rest_memory: float) -> tuple[bool, int]:
     ctx = build_context_for(configurator)
     spec = getattr(configurator, "spec_algorithm", None)
     speculative = (spec is not None and not spec.is_none()) or ctx.max_draft_tokens is not None
-    slots, _ = solve_max_mamba_cache(configurator, total_rest_memory)
+    try:
+        slots, _ = solve_max_mamba_cache(configurator, total_rest_memory)
+    except RuntimeError:
+        if ctx.family != "gdn" or speculative:
+            raise
+        slots = 0  # not even one slot with rings: without them it may fit
     cap = slots // max(int(configurator._calculate_mamba_ratio()), 1)
     user = get_schedule().max_running_requests
     if user is not None:

@@ -258,3 +258,9 @@ def test_gdn_decode_only_server_below_the_ring_threshold_gets_no_rings(models, p
     with get_schedule().override(max_running_requests=4096):  # only the slots cap the requests
         ok, cap = memory.plan_rings(cfg, 200.0)
         assert ok and cap >= 256
+    # so little memory that not one slot fits with rings, but one does without
+    per_slot = memory.slot_bytes(configurator(models, "qwen3_next"))
+    r = get_schedule().mamba_full_memory_ratio
+    tight = (2 * (per_slot["state"] + per_slot["cursors"]) + 64) * (1 + r) / r / GIB  # 2 slots w/o rings
+    assert memory.plan_rings(cfg, tight) == (False, 0)
+    assert memory.solve_max_mamba_cache(cfg, tight)[0] >= 1
