@@ -1335,6 +1335,9 @@ def _diag_touch(folder: str, name: str) -> None:
     """Signal the stack samplers of scripts/diag/sitecustomize.py (REPLAYSSM_DIAG_SAMPLE=folder)."""
     path = Path(folder)
     path.mkdir(parents=True, exist_ok=True)
+    if name == "reset":  # drop the dumps of servers that are gone (an earlier side)
+        for f in path.glob("*.json"):
+            f.unlink(missing_ok=True)
     (path / name).write_text(str(time.time()))
     time.sleep(0.3)  # the samplers look every 0.1 s
 

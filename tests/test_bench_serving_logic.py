@@ -688,10 +688,13 @@ def test_diag_samples_each_case_window(fake, tmp_path):
     import importlib.util
 
     diag = tmp_path / "diag_work"
+    diag.mkdir()
+    (diag / "99999999.json").write_text("{}")  # a dump left by a server that is gone
     assert _run(fake, "gdn", "--only", "ours", "--diag", str(diag), concs="2") == 0
     case = json.loads((fake["out"] / "cases" / "gdn__decode__ours__c2__i8o12.json").read_text())
     files = sorted(Path(case["diag"]).glob("*.json"))
     assert files, "no sampler dump was collected for the case"
+    assert "99999999.json" not in [f.name for f in files], "a stale dump was collected"
     dumps = [json.loads(f.read_text()) for f in files]
     main = [t for d in dumps for name, t in d["threads"].items() if name == "MainThread"]
     assert main and all(t["samples"] < case["case_wall_s"] + 1.0 for t in main)  # a window, not the server life
