@@ -38,7 +38,7 @@ def replayssm_pool_of(model_runner, family: str):
     hybrid backend with a linear child too (its `full_attn_layers = [0]`: the MTP head is all
     softmax attention). That child must never touch the shared cursors: its draft decode steps
     would otherwise advance the target's ring write positions (at batches >= the ring threshold)
-    and fold every slot. So a draft runner gets None here; `guard_draft_linear_forward` refuses a
+    and fold every slot. So a draft runner gets None here; `refuse_draft_linear_forward` refuses a
     draft model that does run linear layers."""
     from sglang_replayssm.pool import ReplaySSMMambaPool
 
@@ -114,12 +114,12 @@ class ReplaySSMBatchState:
                     "on the ring kernels, prefill/extend on SGLang's chunked kernels.",
                     pool.replayssm_family, self.ring_len,
                 )
-            if self.rings_off:
-                pass
-            elif self.stock_decode_below and self.ring_min_batch <= 1:
+            if self.rings_off or not self.stock_decode_below:
+                pass  # said above (no rings) / Mamba-2: one dispatch at every batch size
+            elif self.ring_min_batch <= 1:
                 logger.info("sglang-replayssm: GDN decode batches of every size run the ring decode "
                             "(gdn_ring_min_batch=%d).", self.ring_min_batch)
-            elif self.stock_decode_below:
+            else:
                 logger.info(
                     "sglang-replayssm: GDN decode batches below %d rows run SGLang's own decode kernel on "
                     "folded checkpoints (the ring decode was slower there on the H200, docs/perf.md); "
