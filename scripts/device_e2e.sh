@@ -29,7 +29,8 @@
 #   E2E_GRAPH_BS     --cuda-graph-max-bs-decode of every server   (default 48)
 #   (batches of >= 256 rows, where the GDN ring decode engages by default and where the NEXTN
 #    draft-runner cursor bug lived: E2E_PROMPTS=320 E2E_GRAPH_BS=320 E2E_SERVER_FLAGS="--mem-fraction-static
-#    0.85 --max-total-tokens 200000 --max-mamba-cache-size 1024 --max-running-requests 320")
+#    0.85 --max-total-tokens 200000 --max-mamba-cache-size 1700 --max-running-requests 320": with the radix
+#    cache SGLang admits slots // 5 requests, and a GDN decode-only server below 256 gets no rings)
 #   E2E_OURS_FLAGS   extra flags for our server only (e.g. "--replayssm-ring-len 16")
 #   E2E_DRIVER_FLAGS extra e2e_parity.py flags (e.g. "--issm-check allocated --max-logprob-diff 0.1")
 #   E2E_PREFILL_GRAPH=1  keep prefill CUDA graphs (default: --disable-prefill-cuda-graph; their
