@@ -221,6 +221,20 @@ _DECODE_RE = re.compile(
     r"(?:cuda|cpu|npu|musa) graph: (True|False), gen throughput \(token/s\): " + _NUM)
 
 
+_PREFILL_RE = re.compile(
+    r"Prefill batch(?: \[\d+\])?, #new-seq: (\d+), #new-token: (\d+),.*?input throughput \(token/s\): " + _NUM)
+
+
+def prefill_line_summary(text: str, min_tokens: int = 4096) -> dict:
+    """Prefill batches in a server-log slice: how many, and the median `input throughput` of the
+    large ones (>= `min_tokens` new tokens; back-to-back chunked prefills, where the number is the
+    batch's own rate rather than idle time since the last log line)."""
+    lines = [(int(m.group(1)), int(m.group(2)), float(m.group(3))) for m in _PREFILL_RE.finditer(text)]
+    big = [tps for _, tok, tps in lines if tok >= min_tokens]
+    return dict(prefill_batches=len(lines), prefill_batches_large=len(big),
+                prefill_input_tps_median=statistics.median(big) if big else None)
+
+
 def parse_server_facts(text: str) -> dict:
     """Pool sizes and memory from a server log (None where a line is missing)."""
     f: dict = {}
@@ -782,6 +796,22 @@ def markdown_report(cases: list[dict], servers: list[dict], runs: list[dict]) ->
                     warn.append(f"{s} C={c}: above the server's admitted concurrency ({fit})")
         if warn:
             lines += ["Notes: " + "; ".join(warn), ""]
+        # The servers' own rates (log lines of the case): decode steps at C and large prefill batches
+        # separately, since a side can win one and lose the other.
+        srv_hdr = (["C"] + [f"{s} decode gen tok/s (log)" for s in sides]
+                   + [f"{s} prefill in tok/s (log)" for s in sides])
+        srv_rows = []
+        for c in sorted({c for s in sides for c in group[s]}):
+            logs = [(group[s].get(c) or {}).get("server_log") or {} for s in sides]
+            if not any(lg.get("server_gen_throughput") or lg.get("prefill_input_tps_median") for lg in logs):
+                continue
+            srv_rows.append([str(c)] + [_f(lg.get("server_gen_throughput")) for lg in logs]
+                            + [_f(lg.get("prefill_input_tps_median")) for lg in logs])
+        if srv_rows:
+            lines.append("| " + " | ".join(srv_hdr) + " |")
+            lines.append("|" + "---|" * len(srv_hdr))
+            lines += ["| " + " | ".join(r) + " |" for r in srv_rows]
+            lines.append("")
         lines.append("Measured by:")
         lines += [f"- {d} on {g}: `{cmd}`" for d, g, cmd in provenance(group)]
         lines.append("")
@@ -1309,7 +1339,7 @@ def run_side(a, out: Path, model: dict, side: str, concs: list[int], end_time: f
             rec = dict(
                 id=cid, ok=ok, error=err, tag=model["tag"], model_desc=model["desc"], study=a.study, side=side,
                 concurrency=c, input_len=a.input_len, output_len=a.output_len, num_prompts=n, seed=seed,
-                client=a.client, metrics=metrics, server_log=decode_line_summary(parse_decode_lines(log_slice), c),
+                client=a.client, metrics=metrics, server_log={**decode_line_summary(parse_decode_lines(log_slice), c), **prefill_line_summary(log_slice)},
                 fit=fit, server_cmd=cmd, log=server_rec["log"], gpu=meta["gpu"], date=meta["date"],
                 command=meta["command"], sglang_version=meta["sglang_version"], case_wall_s=time.time() - t_case,
                 diag=diag_dir, gpu_profile=gpu_prof,

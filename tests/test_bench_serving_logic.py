@@ -730,3 +730,28 @@ def test_launch_max_running_requests_zero_leaves_the_flag_out(tmp_path):
     a = bs.parse_args(["--out", str(tmp_path), "--model", "gdn"])
     cmd = bs._server_cmd(a, info, "ours", 30000)
     assert cmd[cmd.index("--max-running-requests") + 1] == "1024"
+
+
+def test_prefill_lines_from_an_h200_log():
+    """`Prefill batch` lines as SGLang 0.5.17 printed them on the H200 (2026-11-30): the median input
+    throughput counts the large back-to-back batches only."""
+    log = "\n".join([
+        "[2026-11-30 19:09:12] Prefill batch, #new-seq: 1, #new-token: 1, #cached-token: 0, full token usage: 0.00, "
+        "mamba usage: 0.00, #running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, "
+        "input throughput (token/s): 1.57",
+        "[2026-11-30 19:09:16] Prefill batch, #new-seq: 16, #new-token: 8192, #cached-token: 0, full token usage: 0.02, "
+        "mamba usage: 0.51, #running-req: 225, #queue-req: 0, #pending-token: 7680, cuda graph: False, "
+        "input throughput (token/s): 80670.14",
+        "[2026-11-30 19:09:16] Decode batch, #running-req: 1, #full token: 676, full token usage: 0.00, mamba num: 4, "
+        "mamba usage: 0.00, accept len: 4.00, accept rate: 1.00, cuda graph: True, gen throughput (token/s): 37.55, "
+        "#queue-req: 0",
+        "[2026-11-30 19:09:16] Prefill batch, #new-seq: 16, #new-token: 8192, #cached-token: 0, full token usage: 0.02, "
+        "mamba usage: 0.51, #running-req: 225, #queue-req: 0, #pending-token: 7680, cuda graph: False, "
+        "input throughput (token/s): 85742.75",
+        "[2026-11-30 19:09:17] Prefill batch, #new-seq: 15, #new-token: 7680, #cached-token: 0, full token usage: 0.02, "
+        "mamba usage: 0.52, #running-req: 241, #queue-req: 0, #pending-token: 0, cuda graph: False, "
+        "input throughput (token/s): 64478.74",
+    ])
+    assert bs.prefill_line_summary(log) == dict(prefill_batches=4, prefill_batches_large=3,
+                                                prefill_input_tps_median=80670.14)
+    assert bs.prefill_line_summary("")["prefill_input_tps_median"] is None
