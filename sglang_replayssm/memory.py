@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import logging
 
+from replayssm_kernels.configs import ring_min_batch
+
 from sglang_replayssm import args as _args
 from sglang_replayssm.pool import CURSOR_BYTES_PER_SLOT, PoolBuildContext, pool_build_context, ring_bytes_per_slot
 
@@ -63,8 +65,6 @@ def plan_rings(configurator, total_rest_memory: float) -> tuple[bool, int]:
     only take memory, so none are allocated: the pool is the size stock SGLang gives it and every
     decode step runs SGLang's kernel. Mamba-2 (ring decode at every batch size) and speculative
     decoding (the rings replace `intermediate_ssm`) always keep them."""
-    from replayssm_kernels.configs import ring_min_batch
-
     from sglang.srt.runtime_context import get_schedule
 
     setattr(configurator, RINGS_OFF_ATTR, False)
@@ -92,12 +92,6 @@ def around_build_hybrid_req_pool(original, self, *args, **kwargs):
         return original(self, *args, **kwargs)
     with pool_build_context(build_context_for(self)):
         return original(self, *args, **kwargs)
-
-
-def _ring_min_batch_gdn() -> int:
-    from replayssm_kernels.configs import ring_min_batch
-
-    return ring_min_batch("gdn")
 
 
 def _stage_layer_scale(configurator) -> float:
@@ -174,7 +168,7 @@ def around_handle_max_mamba_cache(original, self, total_rest_memory, *args, **kw
             "kernel and the pool keeps stock SGLang's size (%d slots). To use the ring decode, allow >= %d "
             "running requests (more memory, --max-mamba-cache-size, --disable-radix-cache) or set "
             "REPLAYSSM_CONFIG=gdn_ring_min_batch=N.",
-            cap, _ring_min_batch_gdn(), slots, _ring_min_batch_gdn(),
+            cap, ring_min_batch("gdn"), slots, ring_min_batch("gdn"),
         )
     if get_schedule().max_mamba_cache_size != slots:
         get_context().override("replayssm.mamba_pool", max_mamba_cache_size=slots)

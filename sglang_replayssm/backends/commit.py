@@ -16,10 +16,9 @@ from replayssm_kernels import commit_prepare, commit_prepare_tracked
 
 
 def _replayssm_pool(target_worker):
-    from sglang_replayssm.pool import ReplaySSMMambaPool
+    from sglang_replayssm.backends.common import runner_replayssm_pool
 
-    pool = getattr(target_worker.model_runner.req_to_token_pool, "mamba_pool", None)
-    return pool if isinstance(pool, ReplaySSMMambaPool) else None
+    return runner_replayssm_pool(target_worker.model_runner)
 
 
 def commit_after_verify(original, target_worker, batch, accept_lens, accept_index, draft_token_num, *args, **kwargs):

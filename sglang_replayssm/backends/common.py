@@ -40,12 +40,8 @@ def replayssm_pool_of(model_runner, family: str):
     would otherwise advance the target's ring write positions (at batches >= the ring threshold)
     and fold every slot. So a draft runner gets None here; `refuse_draft_linear_forward` refuses a
     draft model that does run linear layers."""
-    from sglang_replayssm.pool import ReplaySSMMambaPool
-
-    pool = getattr(getattr(model_runner, "req_to_token_pool", None), "mamba_pool", None)
-    if isinstance(pool, ReplaySSMMambaPool) and getattr(model_runner, "is_draft_worker", False):
-        return None
-    if isinstance(pool, ReplaySSMMambaPool):
+    pool = runner_replayssm_pool(model_runner)
+    if pool is not None and not getattr(model_runner, "is_draft_worker", False):
         if pool.replayssm_family != family:
             raise RuntimeError(
                 f"--mamba-backend replayssm: a {family} attention backend was built on a "
@@ -55,11 +51,16 @@ def replayssm_pool_of(model_runner, family: str):
     return None
 
 
-def is_draft_on_replayssm_pool(model_runner) -> bool:
+def runner_replayssm_pool(model_runner):
+    """The runner's mamba pool if it is a ReplaySSM pool, else None."""
     from sglang_replayssm.pool import ReplaySSMMambaPool
 
     pool = getattr(getattr(model_runner, "req_to_token_pool", None), "mamba_pool", None)
-    return isinstance(pool, ReplaySSMMambaPool) and bool(getattr(model_runner, "is_draft_worker", False))
+    return pool if isinstance(pool, ReplaySSMMambaPool) else None
+
+
+def is_draft_on_replayssm_pool(model_runner) -> bool:
+    return runner_replayssm_pool(model_runner) is not None and bool(getattr(model_runner, "is_draft_worker", False))
 
 
 def refuse_draft_linear_forward(family: str) -> None:
