@@ -379,7 +379,8 @@ def test_reset_cursors_on_slot_tensors_as_sglang_passes_them(kernel, monkeypatch
     pool.replayssm_wpos.copy_(torch.arange(1, 8, dtype=torch.int32))
     pool.replayssm_origin.copy_(torch.arange(2, 9, dtype=torch.int32))
     pool.replayssm_reset_cursors(torch.tensor([4, -1, 1], dtype=torch.int64))
-    pool.replayssm_reset_cursors(torch.tensor(6, dtype=torch.int64))  # 0-d, as `mid[0]`
+    pool.replayssm_reset_cursors(torch.tensor(5, dtype=torch.int64))  # 0-d, as `mid[0]`
     pool.replayssm_reset_cursors([2])
-    assert pool.replayssm_wpos.tolist() == [1, 0, 0, 4, 0, 6, 0]
-    assert pool.replayssm_origin.tolist() == [2, 0, 0, 5, 0, 7, 0]
+    # -1 is padding: the last slot (6) keeps its cursors
+    assert pool.replayssm_wpos.tolist() == [1, 0, 0, 4, 0, 0, 7]
+    assert pool.replayssm_origin.tolist() == [2, 0, 0, 5, 0, 0, 8]
