@@ -46,12 +46,13 @@ def build_context_for(configurator) -> PoolBuildContext:
     return PoolBuildContext(
         family=family,
         # 0: no rings (the solver found that the GDN ring decode can never engage, see plan_rings)
-        ring_len=0 if getattr(configurator, RINGS_OFF_ATTR, False) else _args.validated_ring_len(sa),
+        ring_len=0 if getattr(sa, RINGS_OFF_ATTR, False) else _args.validated_ring_len(sa),
         act_dtype=configurator.model_dtype,
         max_draft_tokens=getattr(sa, "max_speculative_num_draft_tokens", None),
     )
 
 
+# Carried on the server args: SGLang's KVCacheConfigurator is a slotted dataclass (no new attributes).
 RINGS_OFF_ATTR = "_replayssm_rings_off"
 
 
@@ -67,7 +68,7 @@ def plan_rings(configurator, total_rest_memory: float) -> tuple[bool, int]:
     decoding (the rings replace `intermediate_ssm`) always keep them."""
     from sglang.srt.runtime_context import get_schedule
 
-    setattr(configurator, RINGS_OFF_ATTR, False)
+    setattr(configurator.server_args, RINGS_OFF_ATTR, False)
     ctx = build_context_for(configurator)
     spec = getattr(configurator, "spec_algorithm", None)
     speculative = (spec is not None and not spec.is_none()) or ctx.max_draft_tokens is not None
@@ -82,7 +83,7 @@ def plan_rings(configurator, total_rest_memory: float) -> tuple[bool, int]:
     if user is not None:
         cap = min(cap, user // configurator.ps.attn_dp_size)
     needed = ctx.family != "gdn" or speculative or cap >= ring_min_batch("gdn")
-    setattr(configurator, RINGS_OFF_ATTR, not needed)
+    setattr(configurator.server_args, RINGS_OFF_ATTR, not needed)
     return needed, cap
 
 

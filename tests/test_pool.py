@@ -384,3 +384,24 @@ def test_reset_cursors_on_slot_tensors_as_sglang_passes_them(kernel, monkeypatch
     # -1 is padding: the last slot (6) keeps its cursors
     assert pool.replayssm_wpos.tolist() == [1, 0, 0, 4, 0, 0, 7]
     assert pool.replayssm_origin.tolist() == [2, 0, 0, 5, 0, 0, 8]
+
+
+def test_kernel_tests_do_not_import_sglang_configs():
+    """The GPU machine runs the kernel tests against a newer transformers, where importing
+    sglang.srt.configs fails (it registers configs transformers already has): the kernel test
+    modules and the helper they share must not import it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).parent
+    code = (
+        "import sys; sys.path[:0] = [%r]\n"
+        "import conftest, test_gdn_kernels, test_mamba2_kernels, pool_helpers\n"
+        "pool_helpers.pending_cursor_case(8, 'cpu')\n"
+        "print(sorted(m for m in sys.modules if m.startswith('sglang.srt.configs')))\n" % str(tests)
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "TRITON_INTERPRET": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout

@@ -9,6 +9,7 @@ NH=8, P=64, G=2, N=128) config.json files; SGLang computes their cache params it
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 import json
 from types import SimpleNamespace
 
@@ -99,11 +100,36 @@ def configurator(models, name, *, replayssm=True, ring_len=L, draft=None, spec=S
         _replayssm_ring_len=ring_len, _replayssm_family="gdn" if name == "qwen3_next" else "mamba2",
         _replayssm_validated="test", max_speculative_num_draft_tokens=draft,
     )
-    return SimpleNamespace(
+    return SlottedConfigurator(
         server_args=fake_sa, model_config=mc, mambaish_config=mambaish_config(mc),
         hybrid_gdn_config=hybrid_gdn_config(mc), model_dtype=bf16, spec_algorithm=spec,
-        ps=SimpleNamespace(pp_size=1, attn_dp_size=1), _calculate_mamba_ratio=lambda: 1,
+        ps=SimpleNamespace(pp_size=1, attn_dp_size=1),
     )
+
+
+@dataclass(slots=True, kw_only=True)
+class SlottedConfigurator:
+    """Stands in for SGLang's KVCacheConfigurator, slotted like it: the plugin cannot add attributes
+    to it (a server died on exactly that, see test_configurator_is_slotted)."""
+
+    server_args: object
+    model_config: object
+    mambaish_config: object
+    hybrid_gdn_config: object
+    model_dtype: object
+    spec_algorithm: object
+    ps: object
+
+    def _calculate_mamba_ratio(self):
+        return 1
+
+
+def test_configurator_is_slotted():
+    # The real class takes no new attributes, and neither does the stand-in the memory tests use.
+    for cls in (KVCacheConfigurator, SlottedConfigurator):
+        obj = object.__new__(cls)
+        with pytest.raises(AttributeError):
+            obj._replayssm_anything = True
 
 
 def test_ring_bytes_from_first_principles(models, published):
