@@ -80,8 +80,12 @@ import e2e_parity as e2e  # noqa: E402  (server launch / shutdown helpers)
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_CONCURRENCY = (1, 8, 32, 128, 256)
-SIDE_ORDER = ("stock", "upstream", "ours", "nospec")
-STUDY_SIDES = {"decode": ("stock", "upstream", "ours"), "spec": ("stock", "upstream", "ours", "nospec")}
+SIDE_ORDER = ("stock", "stockplug", "upstream", "ours", "nospec")  # report order; --only sets the run order
+# stockplug: stock's flags (--mamba-backend triton) with the SGLang plugins loaded, ours included
+# (installed, not selected): a control that separates "our plugin is loaded" from "our path runs".
+STUDY_SIDES = {"decode": ("stock", "stockplug", "upstream", "ours"),
+               "spec": ("stock", "stockplug", "upstream", "ours", "nospec")}
+DEFAULT_SIDES = {"decode": ("stock", "upstream", "ours"), "spec": ("stock", "upstream", "ours", "nospec")}
 SPEC_DRAFT_TOKENS = 4  # e2e.SPEC_ARGS: --speculative-num-draft-tokens 4
 
 # ----------------------------------------------------------------------------------------------
@@ -190,8 +194,9 @@ def side_server_args(side: str, study: str, ring_len: int | None) -> tuple[str, 
 
 
 def side_plugin_env(base: dict, side: str) -> dict:
-    """Stock, upstream and nospec run without SGLang plugins (pristine SGLang); ours with them."""
-    return e2e.server_env(base, "ours" if side == "ours" else "stock")
+    """Stock, upstream and nospec run without SGLang plugins (pristine SGLang); ours and stockplug
+    with them."""
+    return e2e.server_env(base, "ours" if side in ("ours", "stockplug") else "stock")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -693,9 +698,11 @@ def _ratio(a, b):
 
 
 SPEEDUPS = {
-    "decode": [("ours/stock", "ours", "stock"), ("ours/upstream", "ours", "upstream")],
+    "decode": [("ours/stock", "ours", "stock"), ("ours/upstream", "ours", "upstream"),
+               ("stockplug/stock", "stockplug", "stock")],
     "spec": [("ours/stock", "ours", "stock"), ("ours/upstream", "ours", "upstream"),
-             ("ours/nospec", "ours", "nospec"), ("stock/nospec", "stock", "nospec")],
+             ("ours/nospec", "ours", "nospec"), ("stock/nospec", "stock", "nospec"),
+             ("stockplug/stock", "stockplug", "stock")],
 }
 
 
@@ -811,6 +818,28 @@ def markdown_report(cases: list[dict], servers: list[dict], runs: list[dict]) ->
             lines.append("| " + " | ".join(srv_hdr) + " |")
             lines.append("|" + "---|" * len(srv_hdr))
             lines += ["| " + " | ".join(r) + " |" for r in srv_rows]
+            lines.append("")
+        host_rows = []
+        for s in sides:
+            for c, case in sorted(group[s].items()):
+                h = case.get("host")
+                if not h:
+                    continue
+                srv = h["server_top"][0] if h.get("server_top") else None
+                oth = h["other_top"][0] if h.get("other_top") else None
+                order = case.get("side_order")
+                host_rows.append([s, str(c), " > ".join(order) if order else "-", _f(h["wall_s"], 1),
+                                  _f(h["server_cpu_s"], 2), f"{srv['comm']} {srv['cpu_s']:.2f}" if srv else "-",
+                                  f"{oth['comm']} {oth['cpu_s']:.2f}" if oth else "-",
+                                  " ".join(f"{x:.1f}" for x in h.get("loadavg_before") or []) or "-"])
+        if host_rows:
+            lines.append("Host CPU over each timed case (from /proc; the run order is the order the servers ran):")
+            lines.append("")
+            hdr = ["side", "C", "run order", "wall s", "server CPU s", "busiest server process, CPU s",
+                   "busiest other process, CPU s", "load avg before"]
+            lines.append("| " + " | ".join(hdr) + " |")
+            lines.append("|" + "---|" * len(hdr))
+            lines += ["| " + " | ".join(r) + " |" for r in host_rows]
             lines.append("")
         lines.append("Measured by:")
         lines += [f"- {d} on {g}: `{cmd}`" for d, g, cmd in provenance(group)]
@@ -1089,8 +1118,8 @@ def parse_args(argv=None):
                    help="use this checkpoint instead of building one (give --tag; weights as --weights says)")
     p.add_argument("--tag", default=None, help="model tag in case names (default: from the recipe)")
     p.add_argument("--study", choices=sorted(STUDY_SIDES), default="decode")
-    p.add_argument("--only", default=None, help="comma list of sides (default: all of the study): "
-                   "stock, upstream, ours [, nospec]")
+    p.add_argument("--only", default=None, help="comma list of sides, run in this order (default: stock, "
+                   "upstream, ours [, nospec]); also stockplug: stock's flags with the plugins loaded")
     p.add_argument("--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCY)))
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=256)
@@ -1215,7 +1244,7 @@ def _server_cmd(a, model: dict, side: str, port: int) -> list[str]:
     kind = model["kind"]
     attention = a.attention_backend or e2e.DEFAULT_ATTENTION.get(kind, e2e.FALLBACK_ATTENTION)
     moe = a.moe_runner_backend or e2e.DEFAULT_MOE_RUNNER.get(kind)
-    side_extra = {"stock": a.stock_args, "nospec": a.stock_args, "upstream": a.upstream_args,
+    side_extra = {"stock": a.stock_args, "stockplug": a.stock_args, "nospec": a.stock_args, "upstream": a.upstream_args,
                   "ours": a.ours_args}[side]
     load = []
     if model["weights"] == "dummy":
@@ -1310,6 +1339,7 @@ def run_side(a, out: Path, model: dict, side: str, concs: list[int], end_time: f
                     break
             if a.diag:
                 _diag_touch(a.diag, "reset")  # the samplers start this case's window
+            probe = host_probe_start()
             off = len(e2e._read(str(log_path)))
             if a.client == "sglang":
                 outfile = out / "logs" / f"{cid}__sglang_client.jsonl"
@@ -1330,6 +1360,7 @@ def run_side(a, out: Path, model: dict, side: str, concs: list[int], end_time: f
                 metrics = summarize_requests(reqs, dur, c)
                 reqs_failed = metrics["failed"]
                 err = None if reqs_failed == 0 else f"{reqs_failed}/{n} requests failed: {metrics['errors']}"
+            host = host_probe_end(probe, _proc.pid)
             diag_dir = _diag_collect(a.diag, out / "diag" / cid) if a.diag else None
             log_slice = e2e._read(str(log_path))[off:]
             gpu_prof = None
@@ -1342,7 +1373,7 @@ def run_side(a, out: Path, model: dict, side: str, concs: list[int], end_time: f
                 client=a.client, metrics=metrics, server_log={**decode_line_summary(parse_decode_lines(log_slice), c), **prefill_line_summary(log_slice)},
                 fit=fit, server_cmd=cmd, log=server_rec["log"], gpu=meta["gpu"], date=meta["date"],
                 command=meta["command"], sglang_version=meta["sglang_version"], case_wall_s=time.time() - t_case,
-                diag=diag_dir, gpu_profile=gpu_prof,
+                diag=diag_dir, gpu_profile=gpu_prof, host=host, side_order=meta.get("side_order"),
             )
             write_json(case_path(out, cid), rec)
             last_case_s = time.time() - t_case
@@ -1352,6 +1383,7 @@ def run_side(a, out: Path, model: dict, side: str, concs: list[int], end_time: f
                 print(f"[{side}] C={c}: {_f(m['output_throughput'])} tok/s, TPOT {_f(m['median_tpot_ms'], 2)} ms"
                       + (f", accept {m['accept_length']:.2f}" if m.get("accept_length") else "")
                       + f" ({n} requests, {last_case_s:.0f} s)", flush=True)
+                print(f"[{side}] C={c}: {host_line(host)}", flush=True)
             else:
                 stats["failed"] += 1
                 print(f"[{side}] C={c}: FAILED {err}", flush=True)
@@ -1359,6 +1391,87 @@ def run_side(a, out: Path, model: dict, side: str, concs: list[int], end_time: f
         server_rec["problems"] = e2e.problem_lines(e2e._read(str(log_path)))
         write_json(out / "servers" / f"{sname}.json", server_rec)
     return stats
+
+
+# ----------------------------------------------------------------------------------------------
+# Host probe: CPU seconds per process over a case (is a side slower because its server burns more
+# CPU per step, or because something else competes for the CPUs?)
+# ----------------------------------------------------------------------------------------------
+
+
+def parse_proc_stat(text: str) -> dict | None:
+    """`/proc/<pid>/stat` -> {comm, state, ppid, pgid, ticks (utime + stime)}; None if malformed."""
+    try:
+        head, rest = text[: text.rindex(")")], text[text.rindex(")") + 2:].split()
+        return dict(comm=head[head.index("(") + 1:], state=rest[0], ppid=int(rest[1]), pgid=int(rest[2]),
+                    ticks=int(rest[11]) + int(rest[12]))
+    except (ValueError, IndexError):
+        return None
+
+
+def proc_snapshot(root: str = "/proc") -> dict[int, dict]:
+    snap = {}
+    for d in Path(root).glob("[0-9]*"):
+        try:
+            st = parse_proc_stat((d / "stat").read_text())
+        except OSError:
+            continue
+        if st is not None:
+            snap[int(d.name)] = st
+    return snap
+
+
+def cpu_report(before: dict[int, dict], after: dict[int, dict], wall_s: float, server_pgid: int | None,
+               ticks_per_s: float, top: int = 5) -> dict:
+    """CPU seconds each process spent between two snapshots, split into the server's process group
+    and everything else (the busiest `top` of each)."""
+    rows = []
+    for pid, st in after.items():
+        prev = before.get(pid)
+        spent = (st["ticks"] - (prev["ticks"] if prev and prev["comm"] == st["comm"] else 0)) / ticks_per_s
+        if spent > 0:
+            rows.append(dict(pid=pid, comm=st["comm"], cpu_s=round(spent, 3), server=st["pgid"] == server_pgid))
+    rows.sort(key=lambda r: -r["cpu_s"])
+    server = [r for r in rows if r["server"]]
+    other = [r for r in rows if not r["server"]]
+    return dict(wall_s=round(wall_s, 3), server_cpu_s=round(sum(r["cpu_s"] for r in server), 3),
+                other_cpu_s=round(sum(r["cpu_s"] for r in other), 3),
+                server_top=server[:top], other_top=other[:top])
+
+
+def host_probe_start() -> dict:
+    return dict(t=time.time(), snap=proc_snapshot(), load=_loadavg())
+
+
+def host_probe_end(start: dict, server_pgid: int | None) -> dict:
+    after = proc_snapshot()
+    rep = cpu_report(start["snap"], after, time.time() - start["t"], server_pgid,
+                     float(os.sysconf("SC_CLK_TCK")))
+    rep["loadavg_before"] = start["load"]
+    rep["cpus"] = os.cpu_count()
+    top = rep["server_top"][0]["pid"] if rep["server_top"] else None
+    try:
+        rep["busiest_server_affinity"] = sorted(os.sched_getaffinity(top)) if top else None
+    except OSError:
+        rep["busiest_server_affinity"] = None
+    return rep
+
+
+def _loadavg():
+    try:
+        return list(os.getloadavg())
+    except OSError:
+        return None
+
+
+def host_line(rep: dict | None) -> str:
+    if not rep:
+        return ""
+    srv = rep["server_top"][0] if rep["server_top"] else None
+    oth = rep["other_top"][0] if rep["other_top"] else None
+    return (f"host: server CPU {rep['server_cpu_s']:.1f} s in {rep['wall_s']:.1f} s"
+            + (f" (busiest {srv['comm']} {srv['cpu_s']:.1f} s)" if srv else "")
+            + (f"; busiest other process {oth['comm']} (pid {oth['pid']}) {oth['cpu_s']:.1f} s" if oth else ""))
 
 
 def _diag_touch(folder: str, name: str) -> None:
@@ -1422,13 +1535,20 @@ def main(argv=None) -> int:
             return 2
     lo, hi = e2e.prompt_id_range(model["config"], e2e._tokenizer_size(Path(model["dir"])))
 
-    sides = STUDY_SIDES[a.study] if not a.only else tuple(s.strip() for s in a.only.split(",") if s.strip())
+    sides = DEFAULT_SIDES[a.study] if not a.only else tuple(s.strip() for s in a.only.split(",") if s.strip())
     bad = [s for s in sides if s not in STUDY_SIDES[a.study]]
     if bad:
         print(f"error: --only {bad}: the {a.study} study has sides {list(STUDY_SIDES[a.study])}", file=sys.stderr)
         return 2
+    if len(set(sides)) != len(sides):
+        print(f"error: --only {a.only}: a side is listed twice (one results folder holds one run of a side; "
+              f"use another --out for a repeat)", file=sys.stderr)
+        return 2
+    meta["side_order"] = list(sides)
     total = dict(ok=0, failed=0, left=0)
-    for side in [s for s in SIDE_ORDER if s in sides]:
+    # The servers start in the --only order (one after the other on the same GPU and CPUs), so a
+    # second call with the order reversed shows whether running second changes a side's numbers.
+    for side in sides:
         okay, reason = side_applicable(side, a.study, model["family"])
         if not okay:
             print(f"[{side}] skipped: {reason}", flush=True)

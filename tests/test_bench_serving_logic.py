@@ -3,7 +3,10 @@ and whole sweeps (launch, cases, resume, skip, failure, shutdown) against a fake
 ``sglang.launch_server`` that speaks SGLang's streaming /generate and prints its log lines."""
 
 import json
+import gzip
+import importlib.util
 import os
+import shlex
 import stat
 import subprocess
 import sys
@@ -755,3 +758,95 @@ def test_prefill_lines_from_an_h200_log():
     assert bs.prefill_line_summary(log) == dict(prefill_batches=4, prefill_batches_large=3,
                                                 prefill_input_tps_median=80670.14)
     assert bs.prefill_line_summary("")["prefill_input_tps_median"] is None
+
+
+def test_run_order_stockplug_and_host_probe(fake, capsys):
+    """--only sets the order the servers run in (a reversed second call shows whether running second
+    changes a side); stockplug is stock's server with the plugins loaded; every case records the CPU
+    seconds of the server's processes and of the busiest other processes over its timed window."""
+    out = fake["out"]
+    assert _run(fake, "gdn", "--only", "ours,stockplug,stock", concs="2") == 0
+    printed = capsys.readouterr().out
+    starts = [ln.split("]")[0].lstrip("[") for ln in printed.splitlines() if "sglang.launch_server" in ln]
+    assert starts == ["ours", "stockplug", "stock"], starts
+    servers = {p.stem: json.loads(p.read_text()) for p in (out / "servers").glob("*.json")}
+    assert servers["gdn__decode__stockplug"]["sglang_plugins"] is None  # plugins loaded
+    assert servers["gdn__decode__stock"]["sglang_plugins"] == bs.e2e.NO_PLUGINS
+    assert "--mamba-backend triton" in shlex.join(servers["gdn__decode__stockplug"]["cmd"])
+    cases = {p.stem: json.loads(p.read_text()) for p in (out / "cases").glob("*.json")}
+    for side in ("ours", "stockplug", "stock"):
+        c = cases[f"gdn__decode__{side}__c2__i8o12"]
+        h = c["host"]
+        assert c["side_order"] == ["ours", "stockplug", "stock"]
+        assert h["wall_s"] > 0 and h["server_cpu_s"] >= 0 and h["cpus"] == os.cpu_count()
+        assert all(r["server"] for r in h["server_top"]) and not any(r["server"] for r in h["other_top"])
+        # this test process drove the load: it is among the busiest others, not part of the server
+        assert os.getpid() not in [r["pid"] for r in h["server_top"]]
+    md = (out / "report.md").read_text()
+    assert "stockplug/stock" in md and "Host CPU over each timed case" in md and "ours > stockplug > stock" in md
+    assert "host: server CPU" in printed
+    _assert_all_stopped(fake["pidfile"])
+    # one results folder holds one run of a side
+    assert _run(fake, "gdn", "--only", "ours,ours", concs="2") == 2
+
+
+def test_cpu_report_from_proc_stat_lines():
+    stat = "4242 (python3 (sched) x) R 1 4200 4200 0 -1 4194304 10 0 0 0 150 50 0 0 20 0 12 0 100"
+    st = bs.parse_proc_stat(stat)
+    assert st == dict(comm="python3 (sched) x", state="R", ppid=1, pgid=4200, ticks=200)
+    assert bs.parse_proc_stat("garbage") is None
+    before = {1: dict(comm="a", pgid=9, ticks=100), 2: dict(comm="b", pgid=7, ticks=50),
+              3: dict(comm="old", pgid=7, ticks=999)}
+    after = {1: dict(comm="a", pgid=9, ticks=400), 2: dict(comm="b", pgid=7, ticks=60),
+             3: dict(comm="new", pgid=7, ticks=30),  # pid reused: counted from zero
+             4: dict(comm="c", pgid=5, ticks=0)}
+    rep = bs.cpu_report(before, after, wall_s=2.0, server_pgid=7, ticks_per_s=100.0)
+    assert rep["server_cpu_s"] == pytest.approx(0.4) and rep["other_cpu_s"] == pytest.approx(3.0)
+    assert [r["pid"] for r in rep["server_top"]] == [3, 2]
+    assert [r["pid"] for r in rep["other_top"]] == [1]  # idle processes are left out
+    assert "busiest other process a (pid 1) 3.0 s" in bs.host_line(rep)
+
+
+def _synthetic_trace(path, gaps, extra=()):
+    """A torch-profiler-like trace: launches of kernels k0, k1, ... with the given host gaps (us)
+    between consecutive launches, each kernel 5 us on the GPU; `extra` = (index, name) launches
+    only this side makes."""
+    events, t = [], 0.0
+    names = [f"k{i}" for i in range(len(gaps))]  # aperiodic: difflib may shift a periodic one by periods
+    for i, name in extra:
+        names.insert(i, name)
+        gaps.insert(i, 10.0)
+    for i, (name, gap) in enumerate(zip(names, gaps)):
+        events.append(dict(ph="X", cat="cuda_runtime", name="cudaLaunchKernel", ts=t, dur=3.0,
+                           args=dict(correlation=i)))
+        events.append(dict(ph="X", cat="kernel", name=name, ts=t + 4.0, dur=5.0, args=dict(correlation=i)))
+        t += gap
+    with gzip.open(path, "wt") as fh:
+        json.dump(dict(traceEvents=events), fh)
+
+
+def test_trace_gaps_tells_uniform_slowdown_from_one_pause(tmp_path):
+    spec = importlib.util.spec_from_file_location("trace_gaps", Path(bs.__file__).parent / "diag" / "trace_gaps.py")
+    tg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tg)
+    n = 400
+    _synthetic_trace(tmp_path / "a.json.gz", [50.0] * n)
+    _synthetic_trace(tmp_path / "uniform.json.gz", [60.0] * n, extra=[(100, "only_b")])
+    pause = [50.0] * n
+    pause[201] = 50.0 + 2000.0  # one 2 ms pause after the launch of k201
+    _synthetic_trace(tmp_path / "pause.json.gz", pause)
+    a = tg.api_calls(tg.load_events(str(tmp_path / "a.json.gz")))
+    u = tg.compare(a, tg.api_calls(tg.load_events(str(tmp_path / "uniform.json.gz"))))
+    p = tg.compare(a, tg.api_calls(tg.load_events(str(tmp_path / "pause.json.gz"))))
+    assert u["aligned"] == n and p["aligned"] == n
+    assert u["median_gap_ratio"] == pytest.approx(1.2) and u["big_gaps"] == 0
+    assert u["diff_in_small_gaps_us"] == pytest.approx(10.0 * (n - 1))  # the last call has no next
+    assert u["only_b"][0][0] == "cudaLaunchKernel|only_b"
+    assert p["median_gap_ratio"] == pytest.approx(1.0) and p["big_gaps"] == 1
+    assert p["diff_in_big_gaps_us"] == pytest.approx(2000.0)
+    (x, y), (count, sa, sb) = p["pairs"][0]
+    assert x == "cudaLaunchKernel|k201" and y == "cudaLaunchKernel|k202" and sb - sa == pytest.approx(2000.0)
+    r = subprocess.run([sys.executable, str(Path(bs.__file__).parent / "diag" / "trace_gaps.py"),
+                        str(tmp_path / "a.json.gz"), str(tmp_path / "pause.json.gz")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "in 1 gaps that changed by > 200 us: +2.0 ms" in r.stdout
