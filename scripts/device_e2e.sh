@@ -10,7 +10,14 @@
 # CASE: qwen3_next | qwen3_next:nextn | nemotron_h | nemotron_h:nextn (default: all four); a
 # `:ring` suffix (e.g. qwen3_next:ring, qwen3_next:nextn:ring) runs our server with
 # REPLAYSSM_CONFIG=gdn_ring_min_batch=1, i.e. the GDN ring decode at every batch size (by default
-# GDN decode batches below 256 rows run SGLang's kernel on folded checkpoints).
+# GDN decode batches below 256 rows run SGLang's kernel on folded checkpoints). Further modifiers,
+# combinable (e.g. qwen3_next:nextn:radix:nobuffer), exercise the prefix-cache and scheduler paths:
+#   :radix     a second batch built from the first one's outputs hits the radix cache (decode-time
+#              track snapshots, prefill ends, repeated prompts); both servers must report hits
+#   :nobuffer  --mamba-radix-cache-strategy no_buffer --disable-overlap-schedule (both servers)
+#   :retract   --max-total-tokens $E2E_RETRACT_TOKENS (6000): the KV pool runs out during decode,
+#              both servers must retract requests (and recompute them)
+#   :mixed     --enable-mixed-chunk (prefill chunks and decode rows in one batch)
 # Results: $OUT/summary.txt, $OUT/results.json (all cases' result.json) and $OUT/e2e_logs.tar.gz
 # (server and driver logs, token outputs); the run tool returns at most 8 files from $OUT.
 # `run` installs whatever wheel folders it finds that are not installed yet, so with a bigger
@@ -152,7 +159,10 @@ do_run() {
   for c in "${cases[@]}"; do
     preset=${c%%:*}
     case $preset in qwen3_next|nemotron_h) ;; *) die "unknown case $c" ;; esac
-    case ${c#"$preset"} in ""|:nextn|:ring|:nextn:ring) ;; *) die "unknown case $c" ;; esac
+    local mod
+    for mod in $(tr ':' ' ' <<<"${c#"$preset"}"); do
+      case $mod in nextn|ring|radix|nobuffer|retract|mixed) ;; *) die "unknown case modifier :$mod in $c" ;; esac
+    done
     if [ -z "${model[$preset]:-}" ]; then
       model[$preset]=$(build_or_find_model "$preset") || die "no checkpoint for $preset"
       log "$preset: ${model[$preset]}"
@@ -162,10 +172,15 @@ do_run() {
   local pids=() names=() i=0 running=0
   for c in "${cases[@]}"; do
     preset=${c%%:*}
-    local name=${c//:/_} spec=() case_env=()
+    local name=${c//:/_} spec=() case_env=() case_flags="" case_driver=()
     [[ $c == *:nextn* ]] && spec=(--spec)
     # REPLAYSSM_CONFIG only reaches our server: the stock server runs without the plugin.
-    [[ $c == *:ring ]] && case_env=(REPLAYSSM_CONFIG=gdn_ring_min_batch=1${REPLAYSSM_CONFIG:+,$REPLAYSSM_CONFIG})
+    [[ $c == *:ring* ]] && case_env=(REPLAYSSM_CONFIG=gdn_ring_min_batch=1${REPLAYSSM_CONFIG:+,$REPLAYSSM_CONFIG})
+    # Prefix-cache and scheduler paths (both servers get the same flags; later flags win):
+    [[ $c == *:radix* ]] && case_driver+=(--radix-waves)
+    [[ $c == *:nobuffer* ]] && case_flags+=" --mamba-radix-cache-strategy no_buffer --disable-overlap-schedule"
+    [[ $c == *:retract* ]] && { case_flags+=" --max-total-tokens ${E2E_RETRACT_TOKENS:-6000}"; case_driver+=(--expect-retract); }
+    [[ $c == *:mixed* ]] && case_flags+=" --enable-mixed-chunk"
     while [ "$running" -ge "$parallel" ]; do
       wait -n 2>/dev/null || true
       running=$(jobs -rp | wc -l)
@@ -181,7 +196,7 @@ do_run() {
       --model "${model[$preset]}" "${spec[@]}" --only "$only" --out "$WORK/$name" \
       --port $(( 30000 + 1000 * i )) --num-prompts "$prompts" --max-new-tokens "$tokens" \
       $prefill_flag --cuda-graph-max-bs "${E2E_GRAPH_BS:-48}" --sampling-backend pytorch \
-      --extra-args="$server_flags" --ours-extra-args="${E2E_OURS_FLAGS:-}" \
+      --extra-args="$server_flags$case_flags" --ours-extra-args="${E2E_OURS_FLAGS:-}" "${case_driver[@]}" \
       --startup-timeout "$startup" --request-timeout 120 --python "$PY" ${E2E_DRIVER_FLAGS:-} \
       >"$WORK/$name/driver.log" 2>&1 &
     pids+=($!); names+=("$name"); i=$((i + 1)); running=$((running + 1))

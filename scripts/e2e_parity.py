@@ -74,6 +74,35 @@ def make_prompts(seed: int, n: int, vocab_lo: int, vocab_hi: int, min_len: int, 
     return [[rng.randrange(vocab_lo, vocab_hi) for _ in range(rng.randint(min_len, max_len))] for _ in range(n)]
 
 
+def radix_wave2(prompts: list[list[int]], outputs: list[list[int]], seed: int, vocab_lo: int, vocab_hi: int,
+                track_interval: int = 256) -> list[list[int]]:
+    """Second-wave prompts that hit the radix cache on states the first wave left there.
+
+    Per first-wave prompt P (output O), three prompts:
+      * P + O[:k] + 16 new ids, with len(P) + k = track_interval + 24: the cache holds the state at
+        `track_interval` tokens, snapshot during P's decode (by our fold, on our server);
+      * P + 24 new ids: a hit at the end of P's prefill, if the cache kept that state;
+      * P itself: a full hit, its output must repeat O on each server.
+    """
+    rng = random.Random(seed + 1)
+    out = []
+    for p, o in zip(prompts, outputs):
+        k = max(0, min(len(o), track_interval + 24 - len(p)))
+        out.append(list(p) + list(o[:k]) + [rng.randrange(vocab_lo, vocab_hi) for _ in range(16)])
+        out.append(list(p) + [rng.randrange(vocab_lo, vocab_hi) for _ in range(24)])
+        out.append(list(p))
+    return out
+
+
+_CACHED = re.compile(r"Prefill batch.*?#cached-token: (\d+)")
+RETRACT_MARKER = "KV cache pool is full. Retract requests"
+
+
+def cached_tokens(log_text: str) -> int:
+    """Prompt tokens served from the radix cache, summed over the `Prefill batch` log lines."""
+    return sum(int(m) for m in _CACHED.findall(log_text))
+
+
 def model_kind(config: dict) -> str:
     """'qwen3_next', 'nemotron_h', ... from a config.json dict (model_type, else architecture)."""
     mt = config.get("model_type")
@@ -309,6 +338,34 @@ def evaluate(
     return checks
 
 
+def repeats_identical(outputs: list[dict], first_wave: int) -> str:
+    """Radix waves: how many repeated first-wave prompts (full cache hits) generated their first
+    output again on one server. Reported, not checked: a cached state and a fresh prefill may
+    differ in the last bits on any server; the stock-vs-ours comparison covers the repeats."""
+    first, repeats = outputs[:first_wave], outputs[first_wave + 2::3]
+    same = sum(1 for a, b in zip(first, repeats) if a["ids"] == b["ids"])
+    return f"{same}/{len(first)}"
+
+
+def workload_checks(sides: dict, *, radix_waves: bool, expect_retract: bool) -> list[dict]:
+    """Checks that the workload did what it is for, on every side that served: radix-cache hits
+    in the later waves; retractions."""
+    checks = []
+    for name, side in sides.items():
+        if not side.get("served"):
+            continue
+        if radix_waves:
+            n = side.get("cached_tokens_later_waves") or 0
+            checks.append(dict(name=f"{name}: radix hits", ok=n > 0,
+                               detail=f"{n} prompt tokens of the second wave came from the radix cache; "
+                                      f"repeated prompts identical to their first output: "
+                                      f"{side.get('repeats_identical')}"))
+        if expect_retract:
+            n = side.get("retractions") or 0
+            checks.append(dict(name=f"{name}: retraction", ok=n > 0, detail=f"{n} retraction(s) in the log"))
+    return checks
+
+
 def _fmt(x, nd=4):
     if x is None:
         return "-"
@@ -388,6 +445,7 @@ class ServerRun:
     generate_s: float | None = None
     output_tokens: int | None = None
     outputs: list = field(default_factory=list)
+    wave_log_offsets: list = field(default_factory=list)  # log length when each later wave started
 
 
 def _http_json(url: str, payload: dict | None = None, timeout: float = 10.0):
@@ -488,31 +546,38 @@ def launched_server(run: ServerRun, host: str, startup_timeout: float, env: dict
 
 
 def run_server(run: ServerRun, payload: dict, host: str, startup_timeout: float, request_timeout: float,
-               env: dict, end_time: float | None = None) -> ServerRun:
+               env: dict, end_time: float | None = None, next_waves=()) -> ServerRun:
     """Start, wait until ready, send the batch, shut down. Fills ``run`` in place.
 
-    ``end_time`` (time.time() scale) caps both waits, leaving ~20 s to stop the server."""
+    ``next_waves``: callables that build each further batch from the outputs so far (sent after
+    the previous batch finished; their outputs are appended). ``end_time`` (time.time() scale)
+    caps both waits, leaving ~20 s to stop the server."""
     base = f"http://{host}:{run.port}"
-    note = f"; sending {len(payload['input_ids'])} prompts"
+    note = f"; sending {len(payload['input_ids'])} prompts" + (f" (+{len(next_waves)} wave(s))" if next_waves else "")
     with launched_server(run, host, startup_timeout, env, end_time, ready_note=note):
         if run.error:
             return run
         t1 = time.time()
-        timeout = request_timeout if end_time is None else max(5.0, min(request_timeout, end_time - 20 - t1))
-        try:
-            _, resp = _http_json(base + "/generate", payload, timeout=timeout)
-        except urllib.error.HTTPError as e:
-            run.error = f"/generate failed: HTTP {e.code}: {e.read()[:500]!r}"
-            return run
-        except (urllib.error.URLError, OSError) as e:
-            run.error = f"/generate failed: {e}"
-            return run
+        waves = [lambda outs: payload, *next_waves]
+        for i, make in enumerate(waves):
+            if i > 0:
+                run.wave_log_offsets.append(len(_read(run.log_path)))
+            body = make(run.outputs)
+            timeout = request_timeout if end_time is None else max(5.0, min(request_timeout, end_time - 20 - time.time()))
+            try:
+                _, resp = _http_json(base + "/generate", body, timeout=timeout)
+            except urllib.error.HTTPError as e:
+                run.error = f"/generate failed: HTTP {e.code}: {e.read()[:500]!r}"
+                return run
+            except (urllib.error.URLError, OSError) as e:
+                run.error = f"/generate failed: {e}"
+                return run
+            try:
+                run.outputs = run.outputs + parse_generate_response(resp)
+            except (ValueError, KeyError, TypeError, IndexError) as e:
+                run.error = f"bad /generate response: {e}"
+                return run
         run.generate_s = time.time() - t1
-        try:
-            run.outputs = parse_generate_response(resp)
-        except (ValueError, KeyError, TypeError, IndexError) as e:
-            run.error = f"bad /generate response: {e}"
-            return run
         run.output_tokens = sum(len(o["ids"]) for o in run.outputs)
         run.served = True
         return run
@@ -547,6 +612,12 @@ def parse_args(argv=None):
     p.add_argument("--issm-check", choices=["strict", "allocated"], default="strict",
                    help="strict: our log must not mention intermediate_ssm at all; allocated: a "
                         "'intermediate_ssm_state_cache size: 0.00GB' summary line is tolerated")
+    p.add_argument("--radix-waves", action="store_true",
+                   help="a second batch built from the first one's outputs that hits the radix cache on states "
+                        "the first left there (decode-time track snapshots, prefill ends, full prompts); both "
+                        "servers must report cached tokens")
+    p.add_argument("--expect-retract", action="store_true",
+                   help="fail unless both servers retracted requests (run with a small --max-total-tokens)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prompt-len", type=int, nargs=2, default=(16, 160), metavar=("MIN", "MAX"))
     p.add_argument("--stock-backend", default="triton")
@@ -593,6 +664,11 @@ def main(argv=None) -> int:
     lo, hi = prompt_id_range(config, _tokenizer_size(model))
     prompts = make_prompts(a.seed, a.num_prompts, lo, hi, a.prompt_len[0], a.prompt_len[1])
     payload = generate_payload(prompts, a.max_new_tokens)
+    next_waves = []
+    if a.radix_waves:
+        first = len(prompts)
+        next_waves.append(lambda outs: generate_payload(
+            radix_wave2(prompts, [o["ids"] for o in outs[:first]], a.seed, lo, hi), a.max_new_tokens))
 
     signal.signal(signal.SIGTERM, lambda *x: (_cleanup(), sys.exit(143)))
     env = dict(os.environ)
@@ -620,7 +696,8 @@ def main(argv=None) -> int:
             )
             run = ServerRun(name=name, cmd=cmd, log_path=str(out / f"{name}.log"), port=port)
             side_env = server_env(env, name, a.stock_with_plugins)
-            runs[name] = run_server(run, payload, a.host, a.startup_timeout, a.request_timeout, side_env, end_time)
+            runs[name] = run_server(run, payload, a.host, a.startup_timeout, a.request_timeout, side_env, end_time,
+                                    next_waves=next_waves)
     finally:
         _cleanup()
 
@@ -641,6 +718,10 @@ def main(argv=None) -> int:
             cuda_graph=parse_cuda_graph_log(log),
             problems=problem_lines(log),
             log_tail=log.splitlines()[-15:] if not run.served else [],
+            cached_tokens_later_waves=(cached_tokens(log[run.wave_log_offsets[0]:])
+                                       if run.wave_log_offsets else None),
+            retractions=log.count(RETRACT_MARKER),
+            repeats_identical=repeats_identical(run.outputs, len(prompts)) if a.radix_waves and run.served else None,
         )
         if run.outputs:
             (out / f"{name}_outputs.json").write_text(json.dumps(run.outputs))
@@ -658,6 +739,7 @@ def main(argv=None) -> int:
     )
     if a.only == "both" and comparison is None:
         checks.append(dict(name="token parity", ok=False, detail="not compared: a server did not serve"))
+    checks += workload_checks(sides, radix_waves=a.radix_waves, expect_retract=a.expect_retract)
     result = dict(
         model=str(model),
         kind=kind,
@@ -666,6 +748,8 @@ def main(argv=None) -> int:
         attention_backend=attention,
         moe_runner_backend=moe_runner,
         num_prompts=a.num_prompts,
+        workload=dict(radix_waves=a.radix_waves, expect_retract=a.expect_retract,
+                      compared_prompts=(comparison or {}).get("num_prompts")),
         max_new_tokens=a.max_new_tokens,
         seed=a.seed,
         sides=sides,

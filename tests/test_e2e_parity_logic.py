@@ -255,6 +255,7 @@ if not env.get("FAKE_NO_GRAPH"):
     log(f"Capture target {phase} CUDA graph begin. backend=full, bs=[1, 2, 4], avail mem=100.00 GB")
     log(f"Capture target {phase} CUDA graph end. elapsed=0.10 s, mem usage=0.01 GB, avail mem=99.99 GB.")
 
+SEEN = []
 diverge = {}
 if ours:
     for item in filter(None, env.get("FAKE_DIVERGE", "").split(",")):
@@ -288,8 +289,19 @@ class H(BaseHTTPRequestHandler):
         sp = req["sampling_params"]
         assert sp["temperature"] == 0 and sp["ignore_eos"] is True and req["return_logprob"] is True
         res = []
+        # A radix cache stand-in: prompt tokens shared with an earlier request's prompt + output.
+        hits = 0
+        for p in req["input_ids"]:
+            best = max((next((j for j, (x, y) in enumerate(zip(p, q)) if x != y), min(len(p), len(q)))
+                        for q in SEEN), default=0)
+            hits += best if not (ours and env.get("FAKE_OURS_NO_RADIX")) else 0
+        log(f"Prefill batch, #new-seq: {len(req['input_ids'])}, #new-token: 1, #cached-token: {hits}, "
+            f"full token usage: 0.00")
+        if int(opt("--max-total-tokens", "100000")) < 8000 and not (ours and env.get("FAKE_OURS_NO_RETRACT")):
+            log("KV cache pool is full. Retract requests. #retracted_reqs: 1")
         for i, p in enumerate(req["input_ids"]):
             lps = continuation(i, p, sp["max_new_tokens"])
+            SEEN.append(list(p) + [t for _, t, _ in lps])
             meta = {"output_token_logprobs": lps, "completion_tokens": len(lps)}
             if spec:
                 meta.update(spec_accept_length=2.5, spec_verify_ct=len(lps) // 2)
@@ -318,7 +330,8 @@ def fake(tmp_path, monkeypatch):
     model.mkdir()
     (model / "config.json").write_text(json.dumps(
         {"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"], "vocab_size": 2048}))
-    for k in ("FAKE_OURS_FAIL", "FAKE_OURS_ISSM", "FAKE_NO_GRAPH", "FAKE_DIVERGE", "SGLANG_PLUGINS"):
+    for k in ("FAKE_OURS_FAIL", "FAKE_OURS_ISSM", "FAKE_NO_GRAPH", "FAKE_DIVERGE", "SGLANG_PLUGINS",
+              "FAKE_OURS_NO_RADIX", "FAKE_OURS_NO_RETRACT"):
         monkeypatch.delenv(k, raising=False)
     return dict(py=str(py), model=str(model), pidfile=pidfile, out=tmp_path / "out")
 
@@ -446,3 +459,53 @@ def test_table_format():
     assert "first divergence (prompt:pos): 31:3" in table
     assert "[FAIL] x: d" in table and table.endswith("RESULT: FAIL")
     assert "4096" in table  # tok/s
+
+
+def test_radix_wave2_prompts():
+    prompts = [[5] * 40, [6] * 200, [7] * 300]
+    outputs = [[1] * 256, [2] * 256, [3] * 256]
+    w = e2e.radix_wave2(prompts, outputs, seed=0, vocab_lo=10, vocab_hi=20)
+    assert len(w) == 9
+    for g, (p, o) in enumerate(zip(prompts, outputs)):
+        a, b, c = w[3 * g: 3 * g + 3]
+        k = max(0, min(len(o), 256 + 24 - len(p)))
+        assert a[: len(p) + k] == p + o[:k] and len(a) == len(p) + k + 16  # crosses 256 by 24 (if it can)
+        assert b[: len(p)] == p and len(b) == len(p) + 24 and all(10 <= t < 20 for t in b[len(p):])
+        assert c == p
+    assert len(w[0]) == 256 + 24 + 16 and len(w[6]) == 300 + 16  # prompt already past the boundary
+    assert w == e2e.radix_wave2(prompts, outputs, seed=0, vocab_lo=10, vocab_hi=20)  # deterministic
+
+
+def test_cached_tokens_from_sglang_log_lines():
+    log = ("[2026-11-30 22:29:03] Prefill batch, #new-seq: 1, #new-token: 15, #cached-token: 0, full token usage: 0.00\n"
+           "[2026-11-30 22:29:04] Prefill batch, #new-seq: 3, #new-token: 40, #cached-token: 257, full token usage: 0.01\n"
+           "[2026-11-30 22:29:04] Decode batch, #running-req: 3, #token: 900, #cached-token: 999\n"
+           "[2026-11-30 22:29:05] Prefill batch, #new-seq: 1, #new-token: 4, #cached-token: 12, full token usage: 0.01\n")
+    assert e2e.cached_tokens(log) == 269
+
+
+def test_script_radix_waves_and_retraction(fake):
+    rc, res = _run(fake, "--radix-waves", "--extra-args=--max-total-tokens 6000", "--expect-retract", n=8)
+    assert rc == 0, res["checks"]
+    assert res["comparison"]["num_prompts"] == 8 + 3 * 8 and res["workload"]["compared_prompts"] == 32
+    for side in ("stock", "ours"):
+        assert res["sides"][side]["cached_tokens_later_waves"] > 8 * 40  # the repeats alone hit their prompts
+        assert res["sides"][side]["repeats_identical"] == "8/8"
+        assert res["sides"][side]["retractions"] == 2  # one log line per wave
+    names = {c["name"]: c["ok"] for c in res["checks"]}
+    assert names["ours: radix hits"] and names["stock: retraction"] and names["ours: retraction"]
+    _assert_all_stopped(fake["pidfile"])
+
+
+def test_script_radix_and_retraction_checks_fail(fake, monkeypatch):
+    monkeypatch.setenv("FAKE_OURS_NO_RADIX", "1")
+    monkeypatch.setenv("FAKE_OURS_NO_RETRACT", "1")
+    rc, res = _run(fake, "--radix-waves", "--extra-args=--max-total-tokens 6000", "--expect-retract", n=4)
+    assert rc == 1
+    names = {c["name"]: c["ok"] for c in res["checks"]}
+    assert names["stock: radix hits"] and not names["ours: radix hits"]
+    assert names["stock: retraction"] and not names["ours: retraction"]
+    # without the flags the same run passes: the checks are what failed it
+    rc, res = _run(fake, n=4)
+    assert rc == 0 and not any("radix" in c["name"] or "retraction" in c["name"] for c in res["checks"])
+    _assert_all_stopped(fake["pidfile"])
