@@ -705,6 +705,14 @@ def test_diag_samples_each_case_window(fake, tmp_path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.scheduler_profile(Path(case["diag"])) is not None
+    # process-wide counters over the same window: CPU, context switches, GC, affinity
+    procs = [d["process"] for d in dumps]
+    for proc in procs:
+        assert 0 <= proc["wall_s"] < case["case_wall_s"] + 1.0 and proc["cpu_s"] >= 0
+        assert proc["involuntary_switches"] >= 0 and proc["voluntary_switches"] >= 0
+        assert proc["affinity"] and proc["gc_tracked_objects"] > 0
+        assert all(len(v) == 3 for v in proc["gc"].values())
+        assert "involuntary" in mod.process_line(proc)
     _assert_all_stopped(fake["pidfile"])
 
 

@@ -10,6 +10,11 @@ DIR/dump makes every process write its file now (`bench_serving.py --diag DIR` d
 each measured case). `scripts/diag/summarize.py` prints them.
 Works without ptrace (py-spy needs it); costs the sampled process a little GIL time, the same on
 every side of a comparison.
+
+Each file also holds process-wide counters over the same window (`process`): CPU seconds
+(user + system), voluntary and involuntary context switches (many involuntary ones = the process
+was preempted, i.e. something else wanted its CPU), the garbage collector's collections and
+seconds per generation, the CPU affinity, and the number of objects the collector tracks.
 """
 
 import os
@@ -27,8 +32,30 @@ if _DIR:
     def _key(code):
         return f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}:{code.co_name}"
 
+    import gc
+    import resource
+
+    _gc = {}  # generation -> [collections, seconds, objects collected]
+    _gc_t0 = [0.0]
+
+    def _gc_cb(phase, info):
+        if phase == "start":
+            _gc_t0[0] = time.perf_counter()
+            return
+        rec = _gc.setdefault(str(info.get("generation")), [0, 0.0, 0])
+        rec[0] += 1
+        rec[1] += time.perf_counter() - _gc_t0[0]
+        rec[2] += int(info.get("collected", 0))
+
+    gc.callbacks.append(_gc_cb)
+
+    def _usage():
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return dict(cpu_s=r.ru_utime + r.ru_stime, nvcsw=r.ru_nvcsw, nivcsw=r.ru_nivcsw, t=time.time())
+
     def _sampler():
         me = threading.get_ident()
+        base = [_usage()]
         interval = float(os.environ.get("REPLAYSSM_DIAG_INTERVAL_MS", "1")) / 1000.0
         incl, leaf, count = Counter(), Counter(), Counter()
         names = {}
@@ -36,7 +63,21 @@ if _DIR:
         path = os.path.join(_DIR, f"{os.getpid()}.json")
 
         def dump():
-            out = {"pid": os.getpid(), "argv": sys.argv[:4], "threads": {}}
+            now_u = _usage()
+            try:
+                affinity = sorted(os.sched_getaffinity(0))
+            except (AttributeError, OSError):
+                affinity = None
+            out = {"pid": os.getpid(), "argv": sys.argv[:4], "threads": {},
+                   "process": {
+                       "wall_s": now_u["t"] - base[0]["t"],
+                       "cpu_s": now_u["cpu_s"] - base[0]["cpu_s"],
+                       "voluntary_switches": now_u["nvcsw"] - base[0]["nvcsw"],
+                       "involuntary_switches": now_u["nivcsw"] - base[0]["nivcsw"],
+                       "gc": {g: list(v) for g, v in sorted(_gc.items())},
+                       "gc_tracked_objects": len(gc.get_objects()),
+                       "affinity": affinity,
+                   }}
             for tname, n in count.items():
                 out["threads"][tname] = {
                     "samples": n,
@@ -86,6 +127,8 @@ if _DIR:
                     if name == "reset" and m > seen_reset:
                         seen_reset = m
                         incl.clear(), leaf.clear(), count.clear()
+                        _gc.clear()
+                        base[0] = _usage()
                     elif name == "dump" and m > seen_dump:
                         seen_dump = m
                         force = True

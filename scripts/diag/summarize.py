@@ -22,6 +22,18 @@ def scheduler_profile(folder: pathlib.Path):
     return best
 
 
+def process_line(proc: dict) -> str:
+    """The scheduler process's counters over the window (sitecustomize.py `process`)."""
+    gc_n = sum(v[0] for v in proc.get("gc", {}).values())
+    gc_s = sum(v[1] for v in proc.get("gc", {}).values())
+    gen2 = proc.get("gc", {}).get("2", [0, 0.0, 0])
+    aff = proc.get("affinity")
+    return (f"process: CPU {proc['cpu_s']:.2f} s in {proc['wall_s']:.2f} s wall; context switches "
+            f"{proc['voluntary_switches']} voluntary, {proc['involuntary_switches']} involuntary; GC "
+            f"{gc_n} collections, {gc_s * 1e3:.1f} ms ({gen2[0]} of generation 2, {gen2[1] * 1e3:.1f} ms); "
+            f"{proc.get('gc_tracked_objects')} tracked objects; CPUs {len(aff) if aff else '?'}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("sides", nargs="+", help="name=folder")
@@ -37,6 +49,9 @@ def main():
         loop, fname, tname, t = best
         n = t["samples"]
         print(f"== {name}: {fname} thread {tname}: {n:.1f} s sampled ({loop:.1f} s in the event loop)")
+        proc = json.loads((pathlib.Path(folder) / fname).read_text()).get("process")
+        if proc:
+            print("   " + process_line(proc))
         print("   inclusive %  function")
         for k, c in t["incl"][: a.top]:
             print(f"   {100 * c / n:10.1f}  {k}")
