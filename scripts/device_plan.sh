@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# The device measurements of docs/runbook.md as named steps, so that a session's calls are
+# typed once and checked on the CPU (tests/test_device_plan.py parses every command a step runs).
+#
+#   run(command="bash scripts/device_plan.sh STEP [STEP ...]", carry=[...])
+#
+# Steps (carry in brackets; the first call on a fresh machine must carry .whl, the next .whl2):
+#   install        SGLang wheels into /tmp/site                          [.whl] then [.whl2]
+#   kernels        GDN + Mamba-2 kernel tests on the GPU                  [.whl]
+#   e2e320         Nemotron-H + NEXTN parity at 320 running requests, and the GDN spec
+#                  benchmark checkpoint built in the background             [.whl2 .tiny]
+#   e2e_prefix     prefix-cache / scheduler parity cases (:radix :nobuffer :retract :mixed)  [.tiny]
+#   spec_c1        GDN spec at concurrency 1: ours first, stock with plugins, stock; then the
+#                  reverse order; --diag summaries (the C=1 regression)
+#   spec_noradix   GDN spec at concurrency 256 with the radix cache off (max concurrency)
+#   decode_fixed   GDN and Nano-9B decode with the same fixed pools on both sides
+#   aime           AIME parity runner end to end on the tiny Qwen3-Next    [.aime_data .tiny]
+#
+# Each step logs to $OUT/<step>.log, packs its result folder as $OUT/<step>.tgz (report.md beside
+# it) and prints its table last. PLAN_DEADLINE_S (default 570) bounds the whole command; steps
+# share it in order. DRY=1 prints the commands instead of running them.
+set -uo pipefail
+
+T0=$(date +%s)
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+OUT=${OUT:-/tmp/plan_out}
+PY=${PYTHON:-python3}
+DEADLINE=${PLAN_DEADLINE_S:-570}
+DRY=${DRY:-0}
+mkdir -p "$OUT"
+cd "$REPO" || exit 2
+
+left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
+say() { echo "[device_plan +$(( $(date +%s) - T0 ))s] $*"; }
+
+# run CMD...: print it; run it unless DRY=1 (stdout+stderr appended to $LOG)
+run() {
+  echo "+ $(printf '%q ' "$@")"
+  [ "$DRY" = 1 ] && return 0
+  "$@" >>"$LOG" 2>&1
+}
+
+env_ready() {  # SGLang from /tmp/site and the plugin's entry point (device_e2e.sh helpers)
+  [ "$DRY" = 1 ] && return 0
+  # shellcheck disable=SC1091
+  source "$REPO/scripts/device_e2e.sh" install >/dev/null 2>&1
+  install_plugin >/dev/null 2>&1
+  export PYTHONUNBUFFERED=1
+}
+
+BENCH=("$PY" scripts/bench_serving.py --models-dir /tmp/bench_models --quiet --min-server-s 60)
+
+step_install() { run bash scripts/device_e2e.sh install; }
+
+step_kernels() { run bash scripts/device_kernels.sh tests; }
+
+step_e2e320() {
+  env_ready
+  echo "+ (background) $(printf '%q ' "${BENCH[@]}" --model gdn --study spec --only ours --out /tmp/prebuild \
+    --time-budget 300 --min-server-s 99999)"
+  if [ "$DRY" != 1 ]; then
+    ( OMP_NUM_THREADS=4 timeout 320 "${BENCH[@]}" --model gdn --study spec --only ours --out /tmp/prebuild \
+        --time-budget 300 --min-server-s 99999 >"$OUT/prebuild.log" 2>&1 & )
+  fi
+  run env E2E_PROMPTS=320 E2E_GRAPH_BS=320 \
+    E2E_SERVER_FLAGS="--mem-fraction-static 0.85 --max-total-tokens 200000 --max-mamba-cache-size 1700 --max-running-requests 320" \
+    E2E_PARALLEL=1 E2E_DEADLINE_S=$(( $(left) - 20 )) OUT="$OUT/e2e320" \
+    bash scripts/device_e2e.sh run nemotron_h:nextn
+}
+
+step_e2e_prefix() {
+  run env E2E_PARALLEL=2 E2E_DEADLINE_S=$(( $(left) - 20 )) OUT="$OUT/e2e_prefix" \
+    bash scripts/device_e2e.sh run qwen3_next:nextn:radix nemotron_h:radix:retract \
+    qwen3_next:radix:nobuffer:mixed nemotron_h:nextn:radix
+}
+
+step_spec_c1() {
+  env_ready
+  local half=$(( ($(left) - 30) / 2 ))
+  run "${BENCH[@]}" --model gdn --study spec --only ours,stockplug,stock --concurrency 1 --diag /tmp/d1 \
+    --out /tmp/b1 --pack "$OUT/spec_c1_a.tgz" --time-budget "$half"
+  run "${BENCH[@]}" --model gdn --study spec --only stock,ours --concurrency 1 --diag /tmp/d2 \
+    --out /tmp/b2 --pack "$OUT/spec_c1_b.tgz" --time-budget $(( $(left) - 30 ))
+  local d
+  for d in /tmp/b1 /tmp/b2; do
+    [ "$DRY" = 1 ] && continue
+    local args=()
+    for s in ours stockplug stock; do
+      [ -d "$d/diag/gdn-12ssm-knob0__spec__${s}__c1__i512o256" ] && args+=("$s=$d/diag/gdn-12ssm-knob0__spec__${s}__c1__i512o256")
+    done
+    [ ${#args[@]} -gt 0 ] && "$PY" scripts/diag/summarize.py "${args[@]}" --top 12 >>"$OUT/spec_c1_diag.txt" 2>&1
+  done
+}
+
+step_spec_noradix() {
+  env_ready
+  run "${BENCH[@]}" --model gdn --study spec --only stock,ours --concurrency 256 \
+    --server-args=--disable-radix-cache --launch-max-running-requests 0 \
+    --out /tmp/b3 --pack "$OUT/spec_noradix.tgz" --time-budget $(( $(left) - 30 ))
+}
+
+step_decode_fixed() {
+  env_ready
+  local half=$(( ($(left) - 30) / 2 ))
+  run "${BENCH[@]}" --model gdn --study decode --only stock,ours --concurrency 1,128,256 \
+    --server-args="--max-mamba-cache-size 1300 --max-running-requests 256" \
+    --out /tmp/b4 --pack "$OUT/decode_fixed_gdn.tgz" --time-budget "$half"
+  run "${BENCH[@]}" --model nano9b --study decode --only stock,ours --concurrency 1,128,256 \
+    --server-args="--max-mamba-cache-size 600 --max-running-requests 128" \
+    --out /tmp/b5 --pack "$OUT/decode_fixed_nano9b.tgz" --time-budget $(( $(left) - 30 ))
+}
+
+step_aime() {
+  env_ready
+  run "$PY" scripts/aime_parity.py --data-dir .aime_data --model .tiny/qwen3_next --years 2024 --limit 4 --n 2 \
+    --max-tokens 256 --concurrency 8 --server-args="--mem-fraction-static 0.5" --out "$OUT/aime" \
+    --time-budget $(( $(left) - 30 ))
+}
+
+STEPS=(install kernels e2e320 e2e_prefix spec_c1 spec_noradix decode_fixed aime)
+[ $# -gt 0 ] || { echo "usage: $0 STEP [STEP ...]; steps: ${STEPS[*]}" >&2; exit 2; }
+for s in "$@"; do
+  [[ " ${STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s; steps: ${STEPS[*]}" >&2; exit 2; }
+done
+rc=0
+for s in "$@"; do
+  LOG="$OUT/$s.log"
+  : >"$LOG"
+  say "step $s ($(left) s left)"
+  "step_$s" || rc=1
+  say "step $s done (rc so far $rc)"
+done
+# Tables last: each step's own summary lines.
+for s in "$@"; do
+  [ "$DRY" = 1 ] && continue
+  echo "=== $s"
+  grep -hE "RESULT|^\[(PASS|FAIL)\]|ours/stock|^ +[0-9]+ +[0-9]|kernel tests rc|passed|verdict|VERDICT" "$OUT/$s.log" 2>/dev/null | tail -25
+done
+[ -f "$OUT/spec_c1_diag.txt" ] && grep -E "^== |process:" "$OUT/spec_c1_diag.txt"
+exit $rc

@@ -1,0 +1,71 @@
+"""scripts/device_plan.sh: every command a step would run on the GPU machine parses with the
+script it calls (a wrong flag costs a device call: session 9 lost one to `--years 24`)."""
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from script_loader import ROOT, load_script
+
+STEPS = ["install", "kernels", "e2e320", "e2e_prefix", "spec_c1", "spec_noradix", "decode_fixed", "aime"]
+CASE = re.compile(r"^(qwen3_next|nemotron_h)((:(nextn|ring|radix|nobuffer|retract|mixed))*)$")
+
+
+def _dry(tmp_path, *steps):
+    env = {**os.environ, "DRY": "1", "OUT": str(tmp_path / "out"), "PYTHON": sys.executable}
+    return subprocess.run(["bash", str(ROOT / "scripts" / "device_plan.sh"), *steps], capture_output=True,
+                          text=True, env=env, timeout=120)
+
+
+def _commands(stdout):
+    out = []
+    for line in stdout.splitlines():
+        if line.startswith("+ (background) "):
+            out.append(shlex.split(line[len("+ (background) "):]))
+        elif line.startswith("+ "):
+            out.append(shlex.split(line[2:]))
+    return out
+
+
+def test_every_step_command_parses(tmp_path, monkeypatch):
+    r = _dry(tmp_path, *STEPS)
+    assert r.returncode == 0, r.stderr
+    cmds = _commands(r.stdout)
+    bs = load_script("bench_serving")
+    aime = load_script("aime_parity")
+    seen = {"bench": 0, "aime": 0, "e2e": 0}
+    for cmd in cmds:
+        joined = " ".join(cmd)
+        if "scripts/bench_serving.py" in cmd:
+            args = cmd[cmd.index("scripts/bench_serving.py") + 1:]
+            a = bs.parse_args(args)  # exits (SystemExit) on an unknown flag or a bad value
+            sides = a.only.split(",")
+            assert set(sides) <= set(bs.STUDY_SIDES[a.study]) and len(set(sides)) == len(sides), joined
+            seen["bench"] += 1
+        elif "scripts/aime_parity.py" in cmd:
+            aime.parse_args(cmd[cmd.index("scripts/aime_parity.py") + 1:])
+            seen["aime"] += 1
+        elif "scripts/device_e2e.sh" in cmd:
+            i = cmd.index("scripts/device_e2e.sh")
+            assert cmd[i + 1] in ("install", "run"), joined
+            for case in cmd[i + 2:]:
+                assert CASE.match(case), f"bad e2e case {case!r} in {joined}"
+            seen["e2e"] += 1
+    assert seen == {"bench": 6, "aime": 1, "e2e": 3}, seen
+
+
+def test_unknown_step_is_refused(tmp_path):
+    r = _dry(tmp_path, "spec_c1", "nonsense")
+    assert r.returncode == 2 and "unknown step nonsense" in r.stderr
+    assert _dry(tmp_path).returncode == 2
+
+
+def test_a_bad_flag_would_be_caught():
+    """The check above can fail: the session-9 AIME command is refused by the parser."""
+    aime = load_script("aime_parity")
+    with pytest.raises(SystemExit):
+        aime.parse_args(["--data-dir", ".aime_data", "--model", "m", "--years", "24"])
