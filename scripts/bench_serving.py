@@ -1422,9 +1422,10 @@ def proc_snapshot(root: str = "/proc") -> dict[int, dict]:
 
 
 def cpu_report(before: dict[int, dict], after: dict[int, dict], wall_s: float, server_pgid: int | None,
-               ticks_per_s: float, top: int = 5) -> dict:
-    """CPU seconds each process spent between two snapshots, split into the server's process group
-    and everything else (the busiest `top` of each)."""
+               ticks_per_s: float, top: int = 5, client_pid: int | None = None) -> dict:
+    """CPU seconds each process spent between two snapshots, split into the server's process group,
+    this benchmark's own process (the load generator, `client_cpu_s`) and everything else (the
+    busiest `top` of the server's and of the others)."""
     rows = []
     for pid, st in after.items():
         prev = before.get(pid)
@@ -1433,8 +1434,10 @@ def cpu_report(before: dict[int, dict], after: dict[int, dict], wall_s: float, s
             rows.append(dict(pid=pid, comm=st["comm"], cpu_s=round(spent, 3), server=st["pgid"] == server_pgid))
     rows.sort(key=lambda r: -r["cpu_s"])
     server = [r for r in rows if r["server"]]
-    other = [r for r in rows if not r["server"]]
+    client = [r for r in rows if not r["server"] and r["pid"] == client_pid]
+    other = [r for r in rows if not r["server"] and r["pid"] != client_pid]
     return dict(wall_s=round(wall_s, 3), server_cpu_s=round(sum(r["cpu_s"] for r in server), 3),
+                client_cpu_s=round(sum(r["cpu_s"] for r in client), 3),
                 other_cpu_s=round(sum(r["cpu_s"] for r in other), 3),
                 server_top=server[:top], other_top=other[:top])
 
@@ -1446,7 +1449,7 @@ def host_probe_start() -> dict:
 def host_probe_end(start: dict, server_pgid: int | None) -> dict:
     after = proc_snapshot()
     rep = cpu_report(start["snap"], after, time.time() - start["t"], server_pgid,
-                     float(os.sysconf("SC_CLK_TCK")))
+                     float(os.sysconf("SC_CLK_TCK")), client_pid=os.getpid())
     rep["loadavg_before"] = start["load"]
     rep["cpus"] = os.cpu_count()
     top = rep["server_top"][0]["pid"] if rep["server_top"] else None

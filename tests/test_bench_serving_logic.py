@@ -788,8 +788,9 @@ def test_run_order_stockplug_and_host_probe(fake, capsys):
         assert c["side_order"] == ["ours", "stockplug", "stock"]
         assert h["wall_s"] > 0 and h["server_cpu_s"] >= 0 and h["cpus"] == os.cpu_count()
         assert all(r["server"] for r in h["server_top"]) and not any(r["server"] for r in h["other_top"])
-        # this test process drove the load: it is among the busiest others, not part of the server
-        assert os.getpid() not in [r["pid"] for r in h["server_top"]]
+        # this test process drove the load: counted as the client, neither server nor "other"
+        assert os.getpid() not in [r["pid"] for r in h["server_top"] + h["other_top"]]
+        assert h["client_cpu_s"] >= 0  # a fake case is too short for a 10 ms tick to show
     md = (out / "report.md").read_text()
     assert "stockplug/stock" in md and "Host CPU over each timed case" in md and "ours > stockplug > stock" in md
     assert "host: server CPU" in printed
@@ -810,6 +811,8 @@ def test_cpu_report_from_proc_stat_lines():
              4: dict(comm="c", pgid=5, ticks=0)}
     rep = bs.cpu_report(before, after, wall_s=2.0, server_pgid=7, ticks_per_s=100.0)
     assert rep["server_cpu_s"] == pytest.approx(0.4) and rep["other_cpu_s"] == pytest.approx(3.0)
+    assert bs.cpu_report(before, after, 2.0, 7, 100.0, client_pid=1)["client_cpu_s"] == pytest.approx(3.0)
+    assert bs.cpu_report(before, after, 2.0, 7, 100.0, client_pid=1)["other_top"] == []
     assert [r["pid"] for r in rep["server_top"]] == [3, 2]
     assert [r["pid"] for r in rep["other_top"]] == [1]  # idle processes are left out
     assert "busiest other process a (pid 1) 3.0 s" in bs.host_line(rep)
