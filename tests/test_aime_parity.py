@@ -5,7 +5,6 @@ extraction, loop detection, statistics, and whole runs against fake OpenAI-compa
 import json
 import os
 import random
-import stat
 import sys
 import threading
 import zipfile
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from fake_procs import fake_python
 from script_loader import load_script
 
 ap = load_script("aime_parity")
@@ -365,11 +365,7 @@ while True:
 
 
 def test_launch_mode(data_dir, tmp_path, monkeypatch):
-    server = tmp_path / "fake_launch.py"
-    server.write_text(FAKE_LAUNCHER)
-    py = tmp_path / "fakepython"
-    py.write_text(f"#!/bin/sh\nexec {sys.executable} {server} \"$@\"\n")
-    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    py = fake_python(tmp_path, FAKE_LAUNCHER, name="fake_launch.py")
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"model_type": "qwen3_next", "vocab_size": 10}))

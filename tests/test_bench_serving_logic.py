@@ -7,7 +7,6 @@ import gzip
 import importlib.util
 import os
 import shlex
-import stat
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from fake_procs import assert_all_stopped, fake_python
 from script_loader import load_script
 
 bs = load_script("bench_serving")
@@ -492,11 +492,7 @@ while True:
 
 @pytest.fixture()
 def fake(tmp_path, monkeypatch):
-    server = tmp_path / "fake_server.py"
-    server.write_text(FAKE_SERVER)
-    py = tmp_path / "fakepython"
-    py.write_text(f"#!/bin/sh\nexec {sys.executable} {server} \"$@\"\n")
-    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    py = fake_python(tmp_path, FAKE_SERVER)
     pidfile = tmp_path / "pids.txt"
     monkeypatch.setenv("FAKE_PIDFILE", str(pidfile))
     for k in ("FAKE_FAIL_SIDES", "FAKE_STARTUP_S", "SGLANG_PLUGINS"):
@@ -513,7 +509,7 @@ def fake(tmp_path, monkeypatch):
                                                       "added_tokens": [{"id": i} for i in range(5)]}))
         models[name] = str(d)
     # package_version() calls the interpreter with -c: the fake does not handle that, so it says "unknown".
-    return dict(py=str(py), models=models, pidfile=pidfile, out=tmp_path / "out")
+    return dict(py=py, models=models, pidfile=pidfile, out=tmp_path / "out")
 
 
 def _run(fake, model, *extra, study="decode", concs="1,4"):
@@ -521,25 +517,6 @@ def _run(fake, model, *extra, study="decode", concs="1,4"):
             "--python", fake["py"], "--concurrency", concs, "--input-len", "8", "--output-len", "12",
             "--rounds", "2", "--min-prompts", "2", "--startup-timeout", "30", "--no-plots", "--quiet", *extra]
     return bs.main(argv)
-
-
-def _assert_all_stopped(pidfile):
-    pids = [int(x) for line in pidfile.read_text().split("\n") if line for x in line.split()]
-    assert pids
-    deadline = time.time() + 10
-    alive = pids
-    while alive and time.time() < deadline:
-        alive = []
-        for pid in pids:
-            try:
-                os.kill(pid, 0)
-                if Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z":
-                    alive.append(pid)
-            except (ProcessLookupError, FileNotFoundError, IndexError):
-                pass
-        if alive:
-            time.sleep(0.2)
-    assert not alive, f"processes still running: {alive}"
 
 
 def test_decode_sweep_resume_and_report(fake, capsys):
@@ -572,7 +549,7 @@ def test_decode_sweep_resume_and_report(fake, capsys):
     assert "bench_serving.py" in md  # the exact command
     printed = capsys.readouterr().out
     assert printed.rstrip().splitlines()[-1].lstrip().startswith("4 ")  # short table printed last
-    _assert_all_stopped(fake["pidfile"])
+    assert_all_stopped(fake["pidfile"])
 
     # Resume: nothing left, no server started.
     n_launch = len(fake["pidfile"].read_text().splitlines())
@@ -630,7 +607,7 @@ def test_mamba2_spec_study_skips_upstream(fake):
     assert "intermediate_ssm_gib" not in servers["m2__spec__ours"]["memory"]
     md = (fake["out"] / "report.md").read_text()
     assert "ours/nospec" in md and "## Skipped" in md and "56.60" in md
-    _assert_all_stopped(fake["pidfile"])
+    assert_all_stopped(fake["pidfile"])
 
 
 def test_server_failure_is_reported_and_retried(fake, monkeypatch):
@@ -647,7 +624,7 @@ def test_server_failure_is_reported_and_retried(fake, monkeypatch):
     monkeypatch.delenv("FAKE_FAIL_SIDES")
     assert _run(fake, "gdn", concs="1") == 0  # only the failed case is retried
     assert json.loads((fake["out"] / "cases" / "gdn__decode__ours__c1__i8o12.json").read_text())["ok"]
-    _assert_all_stopped(fake["pidfile"])
+    assert_all_stopped(fake["pidfile"])
 
 
 def test_sglang_client_refused_when_tokenizer_smaller_than_vocab(fake, capsys):
@@ -713,7 +690,7 @@ def test_diag_samples_each_case_window(fake, tmp_path):
         assert proc["affinity"] and proc["gc_tracked_objects"] > 0
         assert all(len(v) == 3 for v in proc["gc"].values())
         assert "involuntary" in mod.process_line(proc)
-    _assert_all_stopped(fake["pidfile"])
+    assert_all_stopped(fake["pidfile"])
 
 
 def test_gpu_profile_per_case(fake):
@@ -731,7 +708,7 @@ def test_gpu_profile_per_case(fake):
                         str(cases / "gdn__decode__ours__c2__i8o12.json")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "1.6 us of kernels per step" in r.stdout and "ours_kernel" in r.stdout
-    _assert_all_stopped(fake["pidfile"])
+    assert_all_stopped(fake["pidfile"])
 
 
 def test_launch_max_running_requests_zero_leaves_the_flag_out(tmp_path):
@@ -794,7 +771,7 @@ def test_run_order_stockplug_and_host_probe(fake, capsys):
     md = (out / "report.md").read_text()
     assert "stockplug/stock" in md and "Host CPU over each timed case" in md and "ours > stockplug > stock" in md
     assert "host: server CPU" in printed
-    _assert_all_stopped(fake["pidfile"])
+    assert_all_stopped(fake["pidfile"])
     # one results folder holds one run of a side
     assert _run(fake, "gdn", "--only", "ours,ours", concs="2") == 2
 

@@ -3,16 +3,12 @@ orchestration (launch, readiness, /generate, process-group shutdown, checks, exi
 fake ``sglang.launch_server`` that speaks the same HTTP API and prints SGLang's log messages."""
 
 import json
-import os
 import socket
-import stat
-import sys
-import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
+from fake_procs import assert_all_stopped, fake_python
 from script_loader import load_script
 
 e2e = load_script("e2e_parity")
@@ -319,11 +315,7 @@ while True:
 
 @pytest.fixture()
 def fake(tmp_path, monkeypatch):
-    server = tmp_path / "fake_server.py"
-    server.write_text(FAKE_SERVER)
-    py = tmp_path / "fakepython"
-    py.write_text(f"#!/bin/sh\nexec {sys.executable} {server} \"$@\"\n")
-    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    py = fake_python(tmp_path, FAKE_SERVER)
     pidfile = tmp_path / "pids.txt"
     monkeypatch.setenv("FAKE_PIDFILE", str(pidfile))
     model = tmp_path / "tinymodel"
@@ -333,7 +325,7 @@ def fake(tmp_path, monkeypatch):
     for k in ("FAKE_OURS_FAIL", "FAKE_OURS_ISSM", "FAKE_NO_GRAPH", "FAKE_DIVERGE", "SGLANG_PLUGINS",
               "FAKE_OURS_NO_RADIX", "FAKE_OURS_NO_RETRACT"):
         monkeypatch.delenv(k, raising=False)
-    return dict(py=str(py), model=str(model), pidfile=pidfile, out=tmp_path / "out")
+    return dict(py=py, model=str(model), pidfile=pidfile, out=tmp_path / "out")
 
 
 def _run(fake, *extra, n=32, tokens=40):
@@ -343,30 +335,6 @@ def _run(fake, *extra, n=32, tokens=40):
     rc = e2e.main(argv)
     res = json.loads((fake["out"] / "result.json").read_text())
     return rc, res
-
-
-def _assert_all_stopped(pidfile):
-    pids = [int(x) for line in pidfile.read_text().split("\n") if line for x in line.split()]
-    assert pids
-    deadline = time.time() + 10
-    alive = pids
-    while alive and time.time() < deadline:
-        alive = []
-        for pid in pids:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                continue
-            # A zombie (exited, not yet reaped by its parent) counts as stopped.
-            try:
-                if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
-                    continue
-            except (FileNotFoundError, IndexError):
-                continue
-            alive.append(pid)
-        if alive:
-            time.sleep(0.2)
-    assert not alive, f"processes still running: {alive}"
 
 
 def test_script_pass_spec(fake, capsys):
@@ -386,7 +354,7 @@ def test_script_pass_spec(fake, capsys):
     assert "SGLANG_PLUGINS=''" in (fake["out"] / "ours.log").read_text()
     printed = capsys.readouterr().out
     assert printed.rstrip().endswith("RESULT: PASS")
-    _assert_all_stopped(fake["pidfile"])
+    assert_all_stopped(fake["pidfile"])
 
 
 def test_script_divergence_threshold(fake, monkeypatch):
@@ -421,7 +389,7 @@ def test_script_ours_failures(fake, monkeypatch):
     # Stock only: the script logic can be checked without our backend.
     rc, res = _run(fake, "--only", "stock", n=4, tokens=8)
     assert rc == 0 and list(res["sides"]) == ["stock"] and res["comparison"] is None
-    _assert_all_stopped(fake["pidfile"])
+    assert_all_stopped(fake["pidfile"])
 
 
 def test_script_no_cuda_graph_fails(fake, monkeypatch):
@@ -446,7 +414,7 @@ def test_script_startup_timeout(fake, monkeypatch):
     assert rc == 1 and time.time() - t0 < 25
     res = json.loads((fake["out"] / "result.json").read_text())
     assert "budget" in res["sides"]["stock"]["error"] and "budget" in res["sides"]["ours"]["error"]
-    _assert_all_stopped(fake["pidfile"])
+    assert_all_stopped(fake["pidfile"])
 
 
 def test_table_format():
@@ -494,7 +462,7 @@ def test_script_radix_waves_and_retraction(fake):
         assert res["sides"][side]["retractions"] == 2  # one log line per wave
     names = {c["name"]: c["ok"] for c in res["checks"]}
     assert names["ours: radix hits"] and names["stock: retraction"] and names["ours: retraction"]
-    _assert_all_stopped(fake["pidfile"])
+    assert_all_stopped(fake["pidfile"])
 
 
 def test_script_radix_and_retraction_checks_fail(fake, monkeypatch):
@@ -508,4 +476,4 @@ def test_script_radix_and_retraction_checks_fail(fake, monkeypatch):
     # without the flags the same run passes: the checks are what failed it
     rc, res = _run(fake, n=4)
     assert rc == 0 and not any("radix" in c["name"] or "retraction" in c["name"] for c in res["checks"])
-    _assert_all_stopped(fake["pidfile"])
+    assert_all_stopped(fake["pidfile"])
