@@ -82,7 +82,7 @@ def radix_wave2(prompts: list[list[int]], outputs: list[list[int]], seed: int, v
       * P + O[:k] + 16 new ids, with len(P) + k = track_interval + 24: the cache holds the state at
         `track_interval` tokens, snapshot during P's decode (by our fold, on our server);
       * P + 24 new ids: a hit at the end of P's prefill, if the cache kept that state;
-      * P itself: a full hit, its output must repeat O on each server.
+      * P itself: a full hit (whether it regenerates O is reported, `repeats_identical`).
     """
     rng = random.Random(seed + 1)
     out = []

@@ -14,7 +14,8 @@ every side of a comparison.
 Each file also holds process-wide counters over the same window (`process`): CPU seconds
 (user + system), voluntary and involuntary context switches (many involuntary ones = the process
 was preempted, i.e. something else wanted its CPU), the garbage collector's collections and
-seconds per generation, the CPU affinity, and the number of objects the collector tracks.
+seconds per generation, the CPU affinity, and (in the dump that ends a window) the number of
+objects the collector tracks.
 """
 
 import os
@@ -62,7 +63,7 @@ if _DIR:
         last = time.time()
         path = os.path.join(_DIR, f"{os.getpid()}.json")
 
-        def dump():
+        def dump(count_objects=True):
             now_u = _usage()
             try:
                 affinity = sorted(os.sched_getaffinity(0))
@@ -75,7 +76,9 @@ if _DIR:
                        "voluntary_switches": now_u["nvcsw"] - base[0]["nvcsw"],
                        "involuntary_switches": now_u["nivcsw"] - base[0]["nivcsw"],
                        "gc": {g: list(v) for g, v in sorted(_gc.items())},
-                       "gc_tracked_objects": len(gc.get_objects()),
+                       # Listing every tracked object holds the GIL for a while on a large heap:
+                       # only at the end of a window (forced dump, exit), not in the periodic ones.
+                       "gc_tracked_objects": len(gc.get_objects()) if count_objects else None,
                        "affinity": affinity,
                    }}
             for tname, n in count.items():
@@ -135,7 +138,7 @@ if _DIR:
             if force or time.time() - last > 5.0:
                 last = time.time()
                 try:
-                    dump()
+                    dump(count_objects=force)
                 except OSError:
                     pass
 

@@ -11,14 +11,15 @@ import pathlib
 
 
 def scheduler_profile(folder: pathlib.Path):
-    """The process/thread whose stacks run SGLang's scheduler event loop the most."""
+    """The process/thread whose stacks run SGLang's scheduler event loop the most:
+    `(event-loop seconds, file name, thread name, thread samples, process counters or None)`."""
     best = None
     for p in folder.glob("*.json"):
         d = json.loads(p.read_text())
         for tname, t in d["threads"].items():
             loop = sum(c for k, c in t["incl"] if k.startswith("scheduler.py") and "event_loop" in k)
             if best is None or loop > best[0]:
-                best = (loop, p.name, tname, t)
+                best = (loop, p.name, tname, t, d.get("process"))
     return best
 
 
@@ -46,10 +47,9 @@ def main():
         if best is None:
             print(f"== {name}: no samples in {folder}")
             continue
-        loop, fname, tname, t = best
+        loop, fname, tname, t, proc = best
         n = t["samples"]
         print(f"== {name}: {fname} thread {tname}: {n:.1f} s sampled ({loop:.1f} s in the event loop)")
-        proc = json.loads((pathlib.Path(folder) / fname).read_text()).get("process")
         if proc:
             print("   " + process_line(proc))
         print("   inclusive %  function")
