@@ -1488,10 +1488,26 @@ def _diag_touch(folder: str, name: str) -> None:
     time.sleep(0.3)  # the samplers look every 0.1 s
 
 
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:  # a process exited and its dump went with it
+        return float("inf")
+
+
 def _diag_collect(folder: str, dst: Path) -> str:
-    """Have every sampled process write its window now and copy the files next to the case."""
+    """Have every sampled process write its window now and copy the files next to the case.
+
+    Waits (up to 5 s) until every dump is newer than the request: a sampler that is late on a busy
+    machine would otherwise leave its last periodic dump, a window cut short."""
     _diag_touch(folder, "dump")
-    time.sleep(0.5)
+    asked = (Path(folder) / "dump").stat().st_mtime
+    deadline = time.time() + 5.0
+    while time.time() < deadline:
+        stamps = [_mtime(f) for f in Path(folder).glob("*.json")]
+        if stamps and all(m >= asked for m in stamps):
+            break
+        time.sleep(0.1)
     dst.mkdir(parents=True, exist_ok=True)
     for f in Path(folder).glob("*.json"):
         shutil.copy(f, dst / f.name)
