@@ -398,15 +398,18 @@ served = [0]
 prof_mark = [0]
 lock = threading.Lock()
 
+def report():
+    with lock:
+        n = running[0]
+    if n:
+        acc = f"accept len: {ACCEPT:.2f}, accept rate: 0.67, " if spec else ""
+        log(f"Decode batch, #running-req: {n}, #full token: 10, full token usage: 0.00, mamba num: {n}, "
+            f"mamba usage: 0.00, {acc}cuda graph: True, gen throughput (token/s): {n * ACCEPT / STEP:.2f}, #queue-req: 0")
+
 def reporter():
     while True:
         time.sleep(0.03)
-        with lock:
-            n = running[0]
-        if n:
-            acc = f"accept len: {ACCEPT:.2f}, accept rate: 0.67, " if spec else ""
-            log(f"Decode batch, #running-req: {n}, #full token: 10, full token usage: 0.00, mamba num: {n}, "
-                f"mamba usage: 0.00, {acc}cuda graph: True, gen throughput (token/s): {n * ACCEPT / STEP:.2f}, #queue-req: 0")
+        report()
 threading.Thread(target=reporter, daemon=True).start()
 
 class H(BaseHTTPRequestHandler):
@@ -468,6 +471,8 @@ class H(BaseHTTPRequestHandler):
             while done < n:
                 time.sleep(STEP)
                 done, steps = min(n, done + (1 if steps == 0 else ACCEPT)), steps + 1
+                if steps == 2:  # every request's decode shows in the log, however short the case
+                    report()
                 meta = {"completion_tokens": done}
                 if spec:
                     meta["spec_verify_ct"] = steps

@@ -390,6 +390,7 @@ def test_kernel_tests_do_not_import_sglang_configs():
     """The GPU machine runs the kernel tests against a newer transformers, where importing
     sglang.srt.configs fails (it registers configs transformers already has): the kernel test
     modules and the helper they share must not import it."""
+    import os
     import subprocess
     import sys
     from pathlib import Path
@@ -402,6 +403,6 @@ def test_kernel_tests_do_not_import_sglang_configs():
         "print(sorted(m for m in sys.modules if m.startswith('sglang.srt.configs')))\n" % str(tests)
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env={**__import__("os").environ, "TRITON_INTERPRET": "1"})
+                         env={**os.environ, "TRITON_INTERPRET": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
