@@ -271,6 +271,74 @@ def test_family_guard_through_server_args(models, name, match):
     assert "--mamba-backend" in str(e.value)
 
 
+def _supported_configs():
+    """One hf_config per architecture family the issue names, as SGLang 0.5.17's config registry
+    builds it (SGLang's own config classes; Qwen3.5's is the `...ForConditionalGeneration` one,
+    whose GDN layers sit in its text config)."""
+    from sglang.srt.configs import FalconH1Config, GraniteMoeHybridConfig, NemotronHConfig, Qwen3NextConfig
+    from sglang.srt.configs.qwen3_5 import Qwen3_5Config, Qwen3_5MoeConfig
+
+    return [
+        ("Qwen3NextForCausalLM", Qwen3NextConfig(), "gdn"),
+        ("Qwen3_5ForConditionalGeneration", Qwen3_5Config(), "gdn"),
+        ("Qwen3_5MoeForConditionalGeneration", Qwen3_5MoeConfig(), "gdn"),
+        ("NemotronHForCausalLM", NemotronHConfig(), "mamba2"),
+        ("FalconH1ForCausalLM", FalconH1Config(), "mamba2"),
+        ("GraniteMoeHybridForCausalLM",
+         GraniteMoeHybridConfig(num_hidden_layers=4, layer_types=["mamba", "mamba", "attention", "mamba"]),
+         "mamba2"),
+    ]
+
+
+def test_family_detection_every_supported_architecture():
+    seen = set()
+    for arch, cfg, family in _supported_configs():
+        cfg.architectures = [arch]
+        mc = types.SimpleNamespace(hf_config=cfg, is_draft_model=False, linear_attn_registry_result=None)
+        assert detect_family(mc) == family, arch
+        seen.add(family)
+    assert seen == {"gdn", "mamba2"}
+    # A Granite-4 checkpoint with attention layers only is not a hybrid: refused, naming the flag.
+    from sglang.srt.configs import GraniteMoeHybridConfig
+
+    cfg = GraniteMoeHybridConfig(num_hidden_layers=2, layer_types=["attention", "attention"])
+    mc = types.SimpleNamespace(hf_config=cfg, is_draft_model=False, linear_attn_registry_result=None)
+    with pytest.raises(ValueError, match="not a hybrid SSM model") as e:
+        detect_family(mc)
+    assert "--mamba-backend" in str(e.value)
+
+
+@pytest.mark.parametrize("module, needle", [
+    ("nemotron_h", "linear_attn_backend.forward("),
+    ("falcon_h1", "linear_attn_backend.forward("),
+    ("granitemoehybrid", "linear_attn_backend.forward("),
+    ("qwen3_next", "RadixLinearAttention("),
+    ("qwen3_5", "RadixLinearAttention("),
+])
+def test_every_supported_model_reaches_the_swapped_backend(module, needle):
+    """The models reach their SSM only through the hybrid backend's linear-attention backend
+    (Mamba-2: `Mamba2AttnBackend.forward`, GDN: `RadixLinearAttention` -> `GDNAttnBackend`),
+    which the runtime tier replaces by our subclasses; their call shapes bind to our overrides."""
+    import importlib
+    import inspect
+
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
+    from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+
+    from sglang_replayssm.backends.gdn import ReplaySSMGDNAttnBackend
+    from sglang_replayssm.backends.mamba2 import ReplaySSMMamba2AttnBackend
+
+    src = inspect.getsource(importlib.import_module(f"sglang.srt.models.{module}"))
+    assert needle in src
+    assert issubclass(ReplaySSMMamba2AttnBackend, Mamba2AttnBackend)
+    assert issubclass(ReplaySSMGDNAttnBackend, GDNAttnBackend)
+    sig = inspect.signature(ReplaySSMMamba2AttnBackend.forward)
+    # Nemotron-H / Granite-4: keywords; Falcon-H1: mixer, hidden states and output positional,
+    # plus its muP vector.
+    sig.bind(None, mixer=1, layer_id=0, hidden_states=2, output=None, forward_batch=3, use_triton_causal_conv=True)
+    sig.bind(None, 1, 2, 3, layer_id=0, forward_batch=4, mup_vector=5)
+
+
 def test_family_detection_unsupported_families():
     from sglang.srt.configs import BailingHybridConfig, KimiLinearConfig
 
