@@ -1143,8 +1143,9 @@ def parse_args(argv=None):
                         "(needs aiohttp/requests and a tokenizer covering the vocabulary)")
     p.add_argument("--launch-max-running-requests", type=int, default=1024,
                    help="--max-running-requests of every server (large: the server's own limit is the fit; 0: "
-                        "not passed, e.g. with --disable-radix-cache, where SGLang then sizes one slot per "
-                        "request from memory)")
+                        "not passed, SGLang's default, which is 48 with speculative decoding. With "
+                        "--disable-radix-cache SGLang sizes the mamba pool from this number instead of memory: "
+                        "probe that fit with scripts/fit_probe.py)")
     p.add_argument("--cuda-graph-max-bs", type=int, default=None, help="default: the largest concurrency")
     p.add_argument("--mem-fraction-static", type=float, default=None)
     p.add_argument("--attention-backend", default=None, help="default: flashinfer for Nemotron-H, else triton")

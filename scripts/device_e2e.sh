@@ -34,6 +34,9 @@
 #   E2E_TOKENS       new tokens per prompt                       (default 256)
 #   E2E_SERVER_FLAGS extra flags for every server (default: explicit small pools, see below)
 #   E2E_GRAPH_BS     --cuda-graph-max-bs-decode of every server   (default 48)
+#   E2E_STARTUP_S    startup timeout of each server, seconds (default: half of what is left, at most
+#                    330; a fresh machine's first stock Nemotron-H NEXTN server at 320 rows was not
+#                    ready after 254 s, its warm-up request still compiling)
 #   (batches of >= 256 rows, where the GDN ring decode engages by default and where the NEXTN
 #    draft-runner cursor bug lived: E2E_PROMPTS=320 E2E_GRAPH_BS=320 E2E_SERVER_FLAGS="--mem-fraction-static
 #    0.85 --max-total-tokens 200000 --max-mamba-cache-size 1700 --max-running-requests 320": with the radix
@@ -190,6 +193,7 @@ do_run() {
     # Startup covers import, weights, CUDA-graph capture and the warmup request (which waits
     # for flashinfer's JIT on Nemotron-H the first time).
     local startup=$(( left / 2 - 15 )); [ "$startup" -gt 330 ] && startup=330
+    [ -n "${E2E_STARTUP_S:-}" ] && startup=$E2E_STARTUP_S
     rm -rf "${WORK:?}/$name"; mkdir -p "$WORK/$name"
     log "start $name (stock+ours, ${left}s left, startup timeout ${startup}s)"
     env "${case_env[@]}" timeout -s TERM -k 15 "$left" "$PY" "$REPO/scripts/e2e_parity.py" --time-budget $(( left - 15 )) \

@@ -11,7 +11,7 @@ import pytest
 
 from script_loader import ROOT, load_script
 
-STEPS = ["install", "kernels", "e2e320", "e2e_prefix", "spec_c1", "spec_noradix", "decode_fixed", "aime"]
+STEPS = ["install", "kernels", "e2e320", "e2e_prefix", "spec_c1", "spec_fit", "decode_fixed", "aime"]
 CASE = re.compile(r"^(qwen3_next|nemotron_h)((:(nextn|ring|radix|nobuffer|retract|mixed))*)$")
 
 
@@ -37,7 +37,8 @@ def test_every_step_command_parses(tmp_path, monkeypatch):
     cmds = _commands(r.stdout)
     bs = load_script("bench_serving")
     aime = load_script("aime_parity")
-    seen = {"bench": 0, "aime": 0, "e2e": 0}
+    fit = load_script("fit_probe")
+    seen = {"bench": 0, "aime": 0, "e2e": 0, "fit": 0}
     for cmd in cmds:
         joined = " ".join(cmd)
         if "scripts/bench_serving.py" in cmd:
@@ -46,6 +47,10 @@ def test_every_step_command_parses(tmp_path, monkeypatch):
             sides = a.only.split(",")
             assert set(sides) <= set(bs.STUDY_SIDES[a.study]) and len(set(sides)) == len(sides), joined
             seen["bench"] += 1
+        elif "scripts/fit_probe.py" in cmd:
+            a = fit.parse_args(cmd[cmd.index("scripts/fit_probe.py") + 1:])
+            assert a.side_list == ["stock", "ours"] and a.models_dir == "/tmp/bench_models", joined
+            seen["fit"] += 1
         elif "scripts/aime_parity.py" in cmd:
             aime.parse_args(cmd[cmd.index("scripts/aime_parity.py") + 1:])
             seen["aime"] += 1
@@ -55,7 +60,7 @@ def test_every_step_command_parses(tmp_path, monkeypatch):
             for case in cmd[i + 2:]:
                 assert CASE.match(case), f"bad e2e case {case!r} in {joined}"
             seen["e2e"] += 1
-    assert seen == {"bench": 6, "aime": 1, "e2e": 3}, seen
+    assert seen == {"bench": 4, "aime": 1, "e2e": 3, "fit": 1}, seen
 
 
 def test_unknown_step_is_refused(tmp_path):

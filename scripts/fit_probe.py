@@ -1,0 +1,347 @@
+"""Largest concurrency that fits with speculative decoding on and the radix cache off: stock vs
+ours, probed on real servers (issue 5's ">= 3x" target).
+
+With `--disable-radix-cache` SGLang 0.5.17 gives every running request one mamba slot and sizes
+the mamba pool from `--max-running-requests` N (it does not fit N to memory; with NEXTN and no N
+it uses 48). The stock server also reserves `intermediate_ssm` for N + 1 requests; both give the
+KV cache what is left. So the KV tokens shrink as N grows, and the fit of a launch is
+
+    fit(N) = min(N, KV tokens(N) // (input + output + draft tokens))
+
+Per side this script
+
+1. **calibrates**: launches at a small N0 and reads from the log what one slot costs (state,
+   conv, `intermediate_ssm` or our rings and conv windows) and what one KV token costs (target and
+   draft caches), i.e. the budget they share;
+2. **predicts** N* with (N* + 1) * slot + N* * tokens_per_request * kv = budget;
+3. **verifies**: launches at N* (0.9 N* if that fails to start), reads fit(N*) from the scheduler
+   line, sends fit(N*) requests at once (non-streaming `/generate` batches, so the client needs few sockets), and takes the largest
+   `#running-req` of the decode-log lines as the concurrency actually reached.
+
+Bounds. "Reached" (the largest #running-req while fit(N*) requests were in flight) is a lower
+bound on the fit. Upper bound: the budget does not depend on N, so the KV tokens fall linearly in
+N; through the calibration and verify launches' KV tokens, the largest N whose requests all fit
+is "max fit" (each launch also checks that the KV tokens shrank). Without a calibration
+(--start-n) only fit(N) <= N for N <= N* and KV tokens(N) <= KV tokens(N*) for N >= N* are used:
+the upper bound is max(N*, KV tokens(N*) // tokens per request), much looser. The conservative
+ratio is ours' reached over stock's upper bound, next to the plain fit ratio.
+
+Example (on the device, after bench_serving built the spec checkpoint):
+  python3 scripts/fit_probe.py --model gdn --models-dir /tmp/bench_models --out /tmp/fit --time-budget 500
+Output: OUT/fit.json, OUT/report.md, OUT/logs/*.log; a short table printed last.
+Exit status: 0 every side verified, 1 a side failed or ran out of time, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime as _dt
+import json
+import math
+import os
+import re
+import shlex
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_serving as bs  # noqa: E402
+import e2e_parity as e2e  # noqa: E402
+
+_OURS_CONV_RE = re.compile(r"ReplaySSM pool \(.*conv windows ([0-9.]+) GiB")
+SIDES = ("stock", "ours")
+
+
+# ----------------------------------------------------------------------------------------------
+# Pure: memory from a server log, prediction, bounds
+# ----------------------------------------------------------------------------------------------
+
+
+def memory_split(facts: dict, log_text: str = "") -> dict:
+    """GiB the mamba pool takes (every per-slot allocation) and GiB per KV token (all KV caches:
+    the target's and a NEXTN draft's), from `bench_serving.parse_server_facts` output."""
+    kvs = facts.get("kv_caches") or []
+    if facts.get("mamba_slots") is None or facts.get("ssm_state_gb") is None or not kvs:
+        raise ValueError("the log has no mamba-pool or KV-cache allocation line")
+    parts = {"ssm_state": facts["ssm_state_gb"], "conv_state": facts.get("conv_state_gb") or 0.0,
+             "intermediate_ssm": facts.get("intermediate_ssm_gb") or 0.0,
+             "intermediate_conv": facts.get("intermediate_conv_gb") or 0.0}
+    rs = facts.get("replayssm")
+    if rs:
+        parts["replayssm_rings"] = rs["rings_gib"]
+        m = _OURS_CONV_RE.search(log_text)
+        parts["replayssm_conv_windows"] = float(m.group(1)) if m else 0.0
+    tokens = kvs[0]["tokens"]
+    kv_gb = sum(k["gb"] for k in kvs)
+    return dict(slots=facts["mamba_slots"], mamba_gb=sum(parts.values()), parts_gb=parts, kv_tokens=tokens,
+                kv_gb=kv_gb, kv_gb_per_token=kv_gb / tokens if tokens else None)
+
+
+def predict_fit(split: dict, tokens_per_request: int) -> dict:
+    """N* with (N* + 1) * slot + N* * tokens_per_request * kv = budget (the pool has one padding
+    slot), from one launch's split."""
+    slot = split["mamba_gb"] / (split["slots"] + 1)
+    kv = split["kv_gb_per_token"]
+    budget = split["mamba_gb"] + split["kv_gb"]
+    n = int(math.floor((budget - slot) / (slot + tokens_per_request * kv)))
+    return dict(n=max(n, 1), slot_gib=slot, slot_mib=slot * 1024, kv_mib_per_request=tokens_per_request * kv * 1024,
+                budget_gib=budget)
+
+
+def launch_fit(facts: dict, n: int, tokens_per_request: int) -> dict:
+    """fit(N) of a launch at --max-running-requests n (the scheduler's final max_running_requests
+    and KV tokens), and the upper bound on the fit of any N (module docstring)."""
+    mrr = facts.get("max_running_requests")
+    tokens = facts.get("max_total_num_tokens")
+    if mrr is None or tokens is None:
+        raise ValueError("the log has no scheduler line (max_total_num_tokens=..., max_running_requests=...)")
+    by_kv = tokens // tokens_per_request
+    return dict(max_running_requests=mrr, kv_tokens=tokens, by_kv=by_kv, fit=min(mrr, by_kv), upper=max(n, by_kv))
+
+
+def max_fit_two_points(n0: int, tokens0: int, n1: int, tokens1: int, tokens_per_request: int) -> int | None:
+    """The largest fit of any N, with the KV tokens linear in N through the two launches
+    (n0, tokens0) and (n1, tokens1), n0 < n1: tokens(N) = tokens1 - (N - n1) * s, and the fit is
+    N while N * tokens_per_request <= tokens(N)."""
+    if n1 <= n0 or tokens1 >= tokens0:
+        return None
+    s = (tokens0 - tokens1) / (n1 - n0)
+    return max(n1 if n1 * tokens_per_request <= tokens1 else 0,
+               int(math.floor((tokens1 + n1 * s) / (tokens_per_request + s))))
+
+
+def bound(res: dict) -> int | None:
+    """Upper bound on a side's fit: from both launches when there was a calibration, else the
+    one-launch bound of the module docstring."""
+    if res.get("max_fit") is not None:
+        return res["max_fit"]
+    return (res.get("fit") or {}).get("upper")
+
+
+def ratio_summary(sides: dict) -> dict:
+    s, o = sides.get("stock") or {}, sides.get("ours") or {}
+    out: dict = {}
+    if s.get("fit") and o.get("fit"):
+        out["fit_ratio"] = o["fit"]["fit"] / s["fit"]["fit"]
+    if s.get("fit") and o.get("reached") and bound(s):
+        out["conservative_ratio"] = o["reached"] / bound(s)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Load: every request at once, in non-streaming batches
+# ----------------------------------------------------------------------------------------------
+
+
+def send_all(host: str, port: int, prompts: list[list[int]], output_len: int, batch: int, timeout: float) -> dict:
+    """POST the prompts to /generate in batches of `batch` (all batches at once); counts the
+    requests that came back with `output_len` tokens."""
+    chunks = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
+    url = f"http://{host}:{port}/generate"
+
+    def one(chunk):
+        payload = {"input_ids": chunk, "sampling_params": {"temperature": 0, "max_new_tokens": output_len,
+                                                           "ignore_eos": True}}
+        try:
+            status, body = e2e._http_json(url, payload, timeout=timeout)
+        except Exception as err:  # noqa: BLE001  (reported, not raised: the probe records the failure)
+            return 0, len(chunk), f"{type(err).__name__}: {err}"
+        items = body if isinstance(body, list) else [body]
+        good = sum(1 for it in items if (it.get("meta_info") or {}).get("completion_tokens") == output_len)
+        return good, len(chunk) - good, None if status == 200 else f"HTTP {status}"
+
+    t0 = time.time()
+    ok = failed = 0
+    errors: list[str] = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(chunks))) as ex:
+        for g, f, err in ex.map(one, chunks):
+            ok, failed = ok + g, failed + f
+            if err:
+                errors.append(err)
+    wall = time.time() - t0
+    return dict(requests=len(prompts), ok=ok, failed=failed, errors=errors[:3], wall_s=wall,
+                output_tok_per_s=ok * output_len / wall if wall > 0 else None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Device side
+# ----------------------------------------------------------------------------------------------
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True)
+    p.add_argument("--model", choices=sorted(bs.MODELS), default="gdn")
+    p.add_argument("--model-dir", default=None, help="use this checkpoint (else bench_serving's spec recipe)")
+    p.add_argument("--models-dir", default=None)
+    p.add_argument("--sides", default="stock,ours")
+    p.add_argument("--input-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--calib-n", type=int, default=64, help="--max-running-requests of the calibration launch")
+    p.add_argument("--start-n", default="", help="skip the calibration: SIDE=N,... (e.g. stock=900,ours=3000)")
+    p.add_argument("--cuda-graph-max-bs", type=int, default=256)
+    p.add_argument("--batch", type=int, default=128, help="prompts per /generate request")
+    p.add_argument("--server-args", default="", help="extra flags for every server (one string)")
+    p.add_argument("--python", default=sys.executable)
+    p.add_argument("--startup-timeout", type=float, default=400.0)
+    p.add_argument("--request-timeout", type=float, default=240.0)
+    p.add_argument("--time-budget", type=float, default=None)
+    a = p.parse_args(argv)
+    a.side_list = [s for s in a.sides.split(",") if s]
+    if not a.side_list or any(s not in SIDES for s in a.side_list):
+        p.error(f"--sides: a comma list of {', '.join(SIDES)}")
+    try:
+        a.start = {k: int(v) for k, v in (x.split("=") for x in a.start_n.split(",") if x)}
+    except ValueError:
+        p.error("--start-n: SIDE=N,...")
+    return a
+
+
+def _bench_args(a, n: int):
+    """bench_serving's argument namespace for one launch at --max-running-requests n."""
+    argv = ["--out", a.out, "--model", a.model, "--study", "spec", "--input-len", str(a.input_len),
+            "--output-len", str(a.output_len), "--launch-max-running-requests", str(n),
+            "--cuda-graph-max-bs", str(min(a.cuda_graph_max_bs, n)), "--python", a.python,
+            "--server-args=" + " ".join(["--disable-radix-cache", a.server_args]).strip()]
+    if a.model_dir:
+        argv += ["--model-dir", a.model_dir, "--tag", Path(a.model_dir).name]
+    if a.models_dir:
+        argv += ["--models-dir", a.models_dir]
+    return bs.parse_args(argv)
+
+
+def _launch(a, model: dict, side: str, n: int, out: Path, end_time, id_range: tuple[int, int] | None = None):
+    """One server at --max-running-requests n: its record (facts, fit). With `id_range`, also
+    sends fit(n) requests at once and reads the largest #running-req of the decode-log lines."""
+    ba = _bench_args(a, n)
+    port = e2e.pick_port(0, ba.host)
+    cmd = bs._server_cmd(ba, model, side, port)
+    log_path = out / "logs" / f"{side}_n{n}_{_dt.datetime.now().strftime('%H%M%S')}.log"
+    run = e2e.ServerRun(name=f"{side} N={n}", cmd=cmd, log_path=str(log_path), port=port)
+    env = bs.side_plugin_env(dict(os.environ), side)
+    rec: dict = dict(side=side, n=n, cmd=cmd, log=str(log_path.relative_to(out)))
+    timeout = a.startup_timeout if end_time is None else min(a.startup_timeout, max(30.0, end_time - time.time() - 30))
+    tpr = a.input_len + a.output_len + bs.SPEC_DRAFT_TOKENS
+    with e2e.launched_server(run, ba.host, timeout, env, end_time):
+        text = e2e._read(str(log_path))
+        rec.update(startup_s=run.startup_s, error=run.error)
+        if run.error:
+            rec["log_tail"] = text.splitlines()[-15:]
+            return rec
+        rec["facts"] = bs.parse_server_facts(text)
+        rec["split"] = memory_split(rec["facts"], text)
+        rec["fit"] = launch_fit(rec["facts"], n, tpr)
+        if id_range is not None:
+            count = rec["fit"]["fit"]
+            prompts = e2e.make_prompts(1000 + n, count, id_range[0], id_range[1], a.input_len, a.input_len)
+            off = len(text)
+            req_timeout = a.request_timeout if end_time is None else max(
+                10.0, min(a.request_timeout, end_time - time.time() - 25))
+            rec["load"] = send_all(ba.host, port, prompts, a.output_len, a.batch, req_timeout)
+            lines = bs.parse_decode_lines(e2e._read(str(log_path))[off:])
+            rec["reached"] = max((ln["running"] for ln in lines), default=0)
+        run.served = True
+    return rec
+
+
+def probe_side(a, model: dict, side: str, out: Path, end_time, id_range: tuple[int, int]) -> dict:
+    """Calibrate (unless --start-n names the side), predict, then launch at N* and load it; a
+    verify launch that does not start is retried once at 0.9 N*."""
+    tpr = a.input_len + a.output_len + bs.SPEC_DRAFT_TOKENS
+    res: dict = dict(side=side, tokens_per_request=tpr)
+    if side in a.start:
+        n = a.start[side]
+        res["prediction"] = dict(n=n, source="--start-n")
+    else:
+        rec = _launch(a, model, side, a.calib_n, out, end_time)
+        res["calibration"] = rec
+        if rec.get("error"):
+            res["error"] = f"calibration launch: {rec['error']}"
+            return res
+        res["prediction"] = {**predict_fit(rec["split"], tpr), "source": f"calibration at N={a.calib_n}"}
+        n = res["prediction"]["n"]
+    for _ in range(2):
+        rec = _launch(a, model, side, n, out, end_time, id_range)
+        if not rec.get("error"):
+            break
+        res.setdefault("failed_launches", []).append(dict(n=n, error=rec["error"], log_tail=rec.get("log_tail")))
+        n = int(n * 0.9)
+    else:
+        res["error"] = "the launch at the predicted N failed twice"
+        return res
+    res["verify_launch"] = {k: v for k, v in rec.items() if k not in ("facts", "fit", "load", "reached")}
+    res["fit"], res["load"], res["reached"] = rec["fit"], rec["load"], rec["reached"]
+    if "calibration" in res:
+        c = res["calibration"]
+        res["kv_shrinks_with_n"] = rec["fit"]["kv_tokens"] < c["fit"]["kv_tokens"]
+        res["max_fit"] = max_fit_two_points(c["n"], c["fit"]["kv_tokens"], rec["n"], rec["fit"]["kv_tokens"], tpr)
+    return res
+
+
+def markdown(result: dict) -> str:
+    lines = ["# Max concurrency with NEXTN on, radix cache off (scripts/fit_probe.py)", "",
+             f"- {result['date']} on {result['gpu']}: `{result['command']}`",
+             f"- model: {result['model']['desc']} (`{result['model']['dir']}`)",
+             f"- tokens per request: input {result['input_len']} + output {result['output_len']} + "
+             f"{bs.SPEC_DRAFT_TOKENS} draft", "",
+             "| side | calibration N | slot MiB | KV MiB per request | predicted N* | launched N | KV tokens | fit | "
+             "max fit (upper bound) | requests sent | largest #running-req | ok | output tok/s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for side, r in result["sides"].items():
+        p, f, ld = r.get("prediction") or {}, r.get("fit") or {}, r.get("load") or {}
+        lines.append("| " + " | ".join(str(x) for x in [
+            side, (r.get("calibration") or {}).get("n", "-"), bs._f(p.get("slot_mib"), 2),
+            bs._f(p.get("kv_mib_per_request"), 2), p.get("n", "-"), (r.get("verify_launch") or {}).get("n", "-"),
+            f.get("kv_tokens", "-"), f.get("fit", "-"), bound(r) if bound(r) is not None else "-", ld.get("requests", "-"),
+            r.get("reached", "-"), ld.get("ok", "-"), bs._f(ld.get("output_tok_per_s"))]) + " |")
+        if r.get("error"):
+            lines.append(f"\n{side}: **{r['error']}**\n")
+    rs = result.get("ratios") or {}
+    lines += ["", f"ours / stock fit: {bs._f(rs.get('fit_ratio'), 2, 'x')}; ours reached / stock upper bound "
+              f"(conservative): {bs._f(rs.get('conservative_ratio'), 2, 'x')}", ""]
+    return "\n".join(lines)
+
+
+def command_line(argv=None) -> str:
+    args = list(argv) if argv is not None else sys.argv[1:]
+    return " ".join(["python3", "scripts/fit_probe.py"] + [shlex.quote(x) for x in args])
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    out = Path(a.out)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    end_time = None if a.time_budget is None else t0 + a.time_budget
+    ba = _bench_args(a, a.calib_n)
+    model, err = bs._resolve_model(ba, out, end_time)
+    if err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    id_range = e2e.prompt_id_range(model["config"], e2e._tokenizer_size(Path(model["dir"])))
+    result = dict(command=command_line(argv), gpu=bs.gpu_name(),
+                  date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                  model={k: model[k] for k in ("dir", "tag", "desc")}, input_len=a.input_len,
+                  output_len=a.output_len, sides={})
+    rc = 0
+    for side in a.side_list:
+        res = probe_side(a, model, side, out, end_time, id_range)
+        result["sides"][side] = res
+        ok = not res.get("error") and (res.get("load") or {}).get("failed") == 0
+        rc = rc if ok else 1
+        f = res.get("fit") or {}
+        print(f"[{side}] predicted {(res.get('prediction') or {}).get('n')}, fit {f.get('fit')} (upper bound "
+              f"{bound(res)}), reached {res.get('reached')}" + (f"; {res['error']}" if res.get("error") else ""),
+              flush=True)
+    result["ratios"] = ratio_summary(result["sides"])
+    bs.write_json(out / "fit.json", result)
+    report = markdown(result)
+    (out / "report.md").write_text(report)
+    print(report, flush=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""CPU tests of scripts/fit_probe.py: the memory split and prediction on the H200 logs of session
+10, and the whole probe (calibrate, predict, launch at N*, load, bounds) against a fake
+`sglang.launch_server` whose pools follow SGLang's radix-off sizing: the mamba pool holds
+--max-running-requests slots (plus `intermediate_ssm` on the stock side) and the KV cache gets the
+rest of a fixed budget."""
+
+import json
+import math
+
+import pytest
+
+from fake_procs import assert_all_stopped, fake_python
+from script_loader import load_script
+
+fp = load_script("fit_probe")
+bs = load_script("bench_serving")
+
+# Two lines each from the session-10 H200 logs (spec, radix off, N=48; docs/data/session10_2026-12-01).
+STOCK_LOG = """\
+[2026-12-01 01:23:03] Mamba Cache is allocated. max_mamba_cache_size: 48, conv_state size: 0.03GB, ssm_state size: 1.15GB intermediate_ssm_state_cache size: 4.59GB intermediate_conv_window_cache size: 0.05GB 
+[2026-12-01 01:23:03] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 12081030, K size: 46.09 GB, V size: 46.09 GB
+[2026-12-01 01:23:03] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 12081030, K size: 11.52 GB, V size: 11.52 GB
+[2026-12-01 01:23:14] max_total_num_tokens=12081030, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=48, context_len=32768, available_gpu_mem=12.55 GB
+"""
+OURS_LOG = """\
+[2026-12-01 01:24:38] Mamba Cache is allocated. max_mamba_cache_size: 48, conv_state size: 0.03GB, ssm_state size: 1.15GB 
+[2026-12-01 01:24:38] ReplaySSM pool (gdn, 12 SSM layers, ring_len=16, rings in bfloat16): per slot checkpoint 24.00 MiB + rings 5.30 MiB + cursors 8 B; 49 slots: checkpoints 1.148 GiB, rings 0.253 GiB; speculative: no per-draft state snapshots (the rings replace them), conv windows 0.054 GiB
+[2026-12-01 01:24:38] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 12547431, K size: 47.86 GB, V size: 47.86 GB
+[2026-12-01 01:24:38] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 12547431, K size: 11.97 GB, V size: 11.97 GB
+[2026-12-01 01:24:49] max_total_num_tokens=12547431, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=48, context_len=32768, available_gpu_mem=12.55 GB
+"""
+
+
+def test_split_and_prediction_from_the_h200_logs():
+    tpr = 512 + 256 + 4
+    s = fp.memory_split(bs.parse_server_facts(STOCK_LOG), STOCK_LOG)
+    o = fp.memory_split(bs.parse_server_facts(OURS_LOG), OURS_LOG)
+    assert s["parts_gb"]["intermediate_ssm"] == 4.59 and "replayssm_rings" not in s["parts_gb"]
+    assert o["parts_gb"]["replayssm_rings"] == 0.253 and o["parts_gb"]["replayssm_conv_windows"] == 0.054
+    assert o["parts_gb"]["intermediate_ssm"] == 0.0
+    assert s["kv_gb"] == pytest.approx(2 * 46.09 + 2 * 11.52)
+    ps, po = fp.predict_fit(s, tpr), fp.predict_fit(o, tpr)
+    # (N + 1) * slot + N * tpr * kv fills the same budget the N=48 launch used
+    for split, p in ((s, ps), (o, po)):
+        used = (p["n"] + 1) * p["slot_gib"] + p["n"] * tpr * split["kv_gb_per_token"]
+        more = (p["n"] + 2) * p["slot_gib"] + (p["n"] + 1) * tpr * split["kv_gb_per_token"]
+        assert used <= p["budget_gib"] < more
+    assert ps["n"] == 958 and po["n"] == 3211  # docs/serving.md quotes these
+    assert ps["slot_mib"] == pytest.approx(121.6, abs=0.1) and po["slot_mib"] == pytest.approx(31.1, abs=0.1)
+    f = fp.launch_fit(bs.parse_server_facts(OURS_LOG), 48, tpr)
+    assert f == dict(max_running_requests=48, kv_tokens=12547431, by_kv=12547431 // tpr, fit=48,
+                     upper=12547431 // tpr)
+
+
+FAKE = r'''
+import json, os, sys, threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+args = sys.argv[1:]
+assert args[:2] == ["-m", "sglang.launch_server"], args
+args = args[2:]
+def opt(name, default=None):
+    return args[args.index(name) + 1] if name in args else default
+assert "--disable-radix-cache" in args and "--speculative-algorithm" in args
+port, host = int(opt("--port")), opt("--host", "127.0.0.1")
+side = "ours" if opt("--mamba-backend") == "replayssm" else "stock"
+env = os.environ
+with open(env["FAKE_PIDFILE"], "a") as f:
+    f.write(f"{os.getpid()}\n")
+def log(msg):
+    print(f"[fake] {msg}", flush=True)
+n = int(opt("--max-running-requests"))
+B, KV = float(env["FAKE_BUDGET_GB"]), float(env["FAKE_KV_GB_PER_TOKEN"])
+state, conv = 0.02, 0.001                     # GB per slot, both sides
+extra = 0.08 if side == "stock" else 0.005    # intermediate_ssm / rings per slot
+slots = n + 1
+mamba = slots * (state + conv + extra)
+if n > int(env.get("FAKE_FAIL_ABOVE", "1000000000")) or mamba >= B:
+    log("RuntimeError: Not enough GPU memory for hybrid (mamba/linear-attention) state cache.")
+    sys.exit(1)
+tokens = int((B - mamba) / KV)
+if side == "stock":
+    log(f"Mamba Cache is allocated. max_mamba_cache_size: {n}, conv_state size: {slots * conv:.4f}GB, ssm_state size: {slots * state:.4f}GB intermediate_ssm_state_cache size: {slots * extra:.4f}GB intermediate_conv_window_cache size: 0.00GB ")
+else:
+    log(f"Mamba Cache is allocated. max_mamba_cache_size: {n}, conv_state size: {slots * conv:.4f}GB, ssm_state size: {slots * state:.4f}GB ")
+    log(f"ReplaySSM pool (gdn, 12 SSM layers, ring_len=16, rings in bfloat16): per slot checkpoint 20.00 MiB + rings 5.00 MiB + cursors 8 B; {slots} slots: checkpoints {slots * state:.4f} GiB, rings {slots * extra:.4f} GiB; speculative: no per-draft state snapshots (the rings replace them), conv windows 0.000 GiB")
+log(f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {tokens}, K size: {tokens * KV / 2:.6f} GB, V size: {tokens * KV / 2:.6f} GB")
+log(f"max_total_num_tokens={tokens}, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests={n}, context_len=32768, available_gpu_mem=10.00 GB")
+cap = int(env.get("FAKE_ADMIT_CAP", "1000000000"))
+running = [0]
+lock = threading.Lock()
+def reporter():
+    while True:
+        time.sleep(0.02)
+        with lock:
+            r = min(running[0], cap)
+        if r:
+            log(f"Decode batch, #running-req: {r}, #full token: 10, full token usage: 0.00, mamba num: {r}, mamba usage: 0.00, accept len: 3.00, accept rate: 0.67, cuda graph: False, gen throughput (token/s): 100.00, #queue-req: 0")
+threading.Thread(target=reporter, daemon=True).start()
+
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a):
+        pass
+    def _json(self, code, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        self._json(200 if self.path == "/health" else 404, {})
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        sp = req["sampling_params"]
+        assert sp["temperature"] == 0 and sp["ignore_eos"] is True and not req.get("stream")
+        ids = req["input_ids"]
+        assert isinstance(ids[0], list)
+        with lock:
+            running[0] += len(ids)
+        time.sleep(0.4)  # every batch is in flight at once
+        with lock:
+            running[0] -= len(ids)
+        self._json(200, [{"meta_info": {"completion_tokens": sp["max_new_tokens"]}} for _ in ids])
+
+ThreadingHTTPServer.request_queue_size = 256
+srv = ThreadingHTTPServer((host, port), H)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+log("The server is fired up and ready to roll!")
+while True:
+    time.sleep(1)
+'''
+
+
+@pytest.fixture()
+def fake(tmp_path, monkeypatch):
+    py = fake_python(tmp_path, FAKE)
+    pidfile = tmp_path / "pids.txt"
+    monkeypatch.setenv("FAKE_PIDFILE", str(pidfile))
+    monkeypatch.setenv("FAKE_BUDGET_GB", "10")
+    monkeypatch.setenv("FAKE_KV_GB_PER_TOKEN", "0.0001")
+    for k in ("FAKE_FAIL_ABOVE", "FAKE_ADMIT_CAP", "SGLANG_PLUGINS"):
+        monkeypatch.delenv(k, raising=False)
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"],
+                                               "vocab_size": 2048}))
+    return dict(py=py, model=str(d), pidfile=pidfile, out=tmp_path / "out")
+
+
+def _true_max(extra_gb: float, tpr: int, budget=10.0, kv=0.0001) -> int:
+    """The largest N whose fit is N in the fake: (N + 1) * slot + N * tpr * kv <= budget."""
+    slot = 0.02 + 0.001 + extra_gb
+    return math.floor((budget - slot) / (slot + tpr * kv))
+
+
+def _probe(fake, *extra):
+    argv = ["--out", str(fake["out"]), "--model-dir", fake["model"], "--python", fake["py"], "--input-len", "8",
+            "--output-len", "12", "--calib-n", "8", "--batch", "64", "--startup-timeout", "30", *extra]
+    rc = fp.main(argv)
+    return rc, json.loads((fake["out"] / "fit.json").read_text())
+
+
+def test_probe_finds_each_sides_largest_fit_and_reaches_it(fake, capsys):
+    rc, res = _probe(fake)
+    assert rc == 0
+    tpr = 8 + 12 + 4
+    want = {"stock": _true_max(0.08, tpr), "ours": _true_max(0.005, tpr)}
+    for side, r in res["sides"].items():
+        # the log's sizes are rounded, so the prediction may land one below the exact maximum
+        assert want[side] - 1 <= r["prediction"]["n"] <= want[side], side
+        assert r["fit"]["fit"] == r["prediction"]["n"] == r["verify_launch"]["n"]
+        assert r["fit"]["fit"] <= r["max_fit"] <= want[side] + 1
+        assert r["fit"]["upper"] >= r["max_fit"]  # the one-launch bound is looser
+        assert r["kv_shrinks_with_n"] is True
+        assert r["load"]["ok"] == r["fit"]["fit"] and r["load"]["failed"] == 0
+        assert r["reached"] == r["fit"]["fit"]
+    rs = res["ratios"]
+    assert rs["fit_ratio"] == pytest.approx(want["ours"] / want["stock"], rel=0.02)
+    assert rs["conservative_ratio"] == pytest.approx(
+        res["sides"]["ours"]["reached"] / res["sides"]["stock"]["max_fit"])
+    report = (fake["out"] / "report.md").read_text()
+    assert "conservative" in report and "| ours | 8 |" in report
+    assert "scripts/fit_probe.py --out" in res["command"]
+    assert_all_stopped(fake["pidfile"])
+
+
+def test_a_server_that_admits_fewer_lowers_the_conservative_ratio(fake, monkeypatch):
+    monkeypatch.setenv("FAKE_ADMIT_CAP", "150")
+    rc, res = _probe(fake, "--sides", "ours", "--start-n", "ours=300")
+    assert rc == 0
+    r = res["sides"]["ours"]
+    assert r["prediction"] == {"n": 300, "source": "--start-n"} and "calibration" not in r
+    assert r["fit"]["fit"] == 300 and r["reached"] == 150  # reported as measured, not as the fit
+
+
+def test_a_launch_that_does_not_start_is_retried_lower(fake, monkeypatch):
+    monkeypatch.setenv("FAKE_FAIL_ABOVE", "95")
+    rc, res = _probe(fake, "--sides", "stock", "--start-n", "stock=100")
+    assert rc == 0
+    r = res["sides"]["stock"]
+    assert [f["n"] for f in r["failed_launches"]] == [100]
+    assert r["verify_launch"]["n"] == 90 and r["fit"]["fit"] == 90 and r["reached"] == 90
+    monkeypatch.setenv("FAKE_FAIL_ABOVE", "10")
+    rc, res = _probe(fake, "--sides", "stock", "--start-n", "stock=100")
+    assert rc == 1 and "failed twice" in res["sides"]["stock"]["error"]
+    assert_all_stopped(fake["pidfile"])
