@@ -11,7 +11,8 @@
 #   e2e_prefix     prefix-cache / scheduler parity cases (:radix :nobuffer :retract :mixed)  [.tiny]
 #   spec_c1        GDN spec at concurrency 1, 16 requests a case: ours then stock, then stock then
 #                  ours; --diag summaries
-#   spec_fit       max concurrency with NEXTN on and the radix cache off (scripts/fit_probe.py)
+#   spec_fit       max concurrency with NEXTN on and the radix cache off (scripts/fit_probe.py;
+#                  resumable: repeat the call if a side was left)                [.whl2 if 2nd call]
 #   decode_fixed   GDN and Nano-9B decode with the same fixed pools on both sides
 #   aime           AIME parity runner end to end on the tiny Qwen3-Next    [.aime_data .tiny]
 #

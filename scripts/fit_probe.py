@@ -29,7 +29,11 @@ ratio is ours' reached over stock's upper bound, next to the plain fit ratio.
 Example (on the device, after bench_serving built the spec checkpoint):
   python3 scripts/fit_probe.py --model gdn --models-dir /tmp/bench_models --out /tmp/fit --time-budget 500
 Output: OUT/fit.json, OUT/report.md, OUT/logs/*.log; a short table printed last.
-Exit status: 0 every side verified, 1 a side failed or ran out of time, 2 usage error.
+Resumable: a side verified by an earlier call into the same OUT is kept (--redo repeats it), so
+the sides can be probed in separate device calls; a side is not started with less than
+--min-side-s left.
+Exit status: 0 every side verified, 1 a side failed, 3 the time budget left a side for the next
+call, 2 usage error.
 """
 
 from __future__ import annotations
@@ -188,6 +192,9 @@ def parse_args(argv=None):
     p.add_argument("--startup-timeout", type=float, default=400.0)
     p.add_argument("--request-timeout", type=float, default=240.0)
     p.add_argument("--time-budget", type=float, default=None)
+    p.add_argument("--min-side-s", type=float, default=240.0,
+                   help="do not start a side with less time left (it is left for the next call into the same OUT)")
+    p.add_argument("--redo", action="store_true", help="probe sides that an earlier call into OUT verified")
     a = p.parse_args(argv)
     a.side_list = [s for s in a.sides.split(",") if s]
     if not a.side_list or any(s not in SIDES for s in a.side_list):
@@ -281,15 +288,18 @@ def probe_side(a, model: dict, side: str, out: Path, end_time, id_range: tuple[i
 
 
 def markdown(result: dict) -> str:
-    lines = ["# Max concurrency with NEXTN on, radix cache off (scripts/fit_probe.py)", "",
-             f"- {result['date']} on {result['gpu']}: `{result['command']}`",
-             f"- model: {result['model']['desc']} (`{result['model']['dir']}`)",
-             f"- tokens per request: input {result['input_len']} + output {result['output_len']} + "
-             f"{bs.SPEC_DRAFT_TOKENS} draft", "",
-             "| side | calibration N | slot MiB | KV MiB per request | predicted N* | launched N | KV tokens | fit | "
-             "max fit (upper bound) | requests sent | largest #running-req | ok | output tok/s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for side, r in result["sides"].items():
+    runs = sorted({(r.get("date", result["date"]), r.get("gpu", result["gpu"]), r.get("command", result["command"]))
+                   for r in result["sides"].values()} or {(result["date"], result["gpu"], result["command"])})
+    lines = ["# Max concurrency with NEXTN on, radix cache off (scripts/fit_probe.py)", ""]
+    lines += [f"- {d} on {g}: `{c}`" for d, g, c in runs]
+    lines += [f"- model: {result['model']['desc']} (`{result['model']['dir']}`)",
+              f"- tokens per request: input {result['input_len']} + output {result['output_len']} + "
+              f"{bs.SPEC_DRAFT_TOKENS} draft", "",
+              "| side | calibration N | slot MiB | KV MiB per request | predicted N* | launched N | KV tokens | fit | "
+              "max fit (upper bound) | requests sent | largest #running-req | ok | output tok/s |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for side in [x for x in SIDES if x in result["sides"]]:
+        r = result["sides"][side]
         p, f, ld = r.get("prediction") or {}, r.get("fit") or {}, r.get("load") or {}
         lines.append("| " + " | ".join(str(x) for x in [
             side, (r.get("calibration") or {}).get("n", "-"), bs._f(p.get("slot_mib"), 2),
@@ -309,6 +319,10 @@ def command_line(argv=None) -> str:
     return " ".join(["python3", "scripts/fit_probe.py"] + [shlex.quote(x) for x in args])
 
 
+def side_ok(res: dict) -> bool:
+    return not res.get("error") and (res.get("load") or {}).get("failed") == 0 and bool(res.get("reached"))
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
     out = Path(a.out)
@@ -321,16 +335,32 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     id_range = e2e.prompt_id_range(model["config"], e2e._tokenizer_size(Path(model["dir"])))
-    result = dict(command=command_line(argv), gpu=bs.gpu_name(),
-                  date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                  model={k: model[k] for k in ("dir", "tag", "desc")}, input_len=a.input_len,
+    here = dict(command=command_line(argv), gpu=bs.gpu_name(),
+                date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    result = dict(**here, model={k: model[k] for k in ("dir", "tag", "desc")}, input_len=a.input_len,
                   output_len=a.output_len, sides={})
+    prev_path = out / "fit.json"
+    if prev_path.exists() and not a.redo:
+        # Resumable: a side verified by an earlier call into the same OUT (same model and lengths) is kept.
+        prev = json.loads(prev_path.read_text())
+        if (prev.get("model", {}).get("dir"), prev.get("input_len"), prev.get("output_len")) == (
+                model["dir"], a.input_len, a.output_len):
+            result["sides"] = {k: v for k, v in prev.get("sides", {}).items() if side_ok(v)}
     rc = 0
     for side in a.side_list:
+        if side in result["sides"]:
+            print(f"[{side}] done by an earlier call ({result['sides'][side].get('date')}); --redo repeats it",
+                  flush=True)
+            continue
+        if end_time is not None and end_time - time.time() < a.min_side_s:
+            print(f"[{side}] time budget: {end_time - time.time():.0f} s left (< --min-side-s {a.min_side_s:.0f}); "
+                  "left for the next call", flush=True)
+            rc = 3 if rc == 0 else rc
+            continue
         res = probe_side(a, model, side, out, end_time, id_range)
+        res.update(here)
         result["sides"][side] = res
-        ok = not res.get("error") and (res.get("load") or {}).get("failed") == 0
-        rc = rc if ok else 1
+        rc = rc if side_ok(res) else 1
         f = res.get("fit") or {}
         print(f"[{side}] predicted {(res.get('prediction') or {}).get('n')}, fit {f.get('fit')} (upper bound "
               f"{bound(res)}), reached {res.get('reached')}" + (f"; {res['error']}" if res.get("error") else ""),

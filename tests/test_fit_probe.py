@@ -203,6 +203,23 @@ def test_a_launch_that_does_not_start_is_retried_lower(fake, monkeypatch):
     assert [f["n"] for f in r["failed_launches"]] == [100]
     assert r["verify_launch"]["n"] == 90 and r["fit"]["fit"] == 90 and r["reached"] == 90
     monkeypatch.setenv("FAKE_FAIL_ABOVE", "10")
-    rc, res = _probe(fake, "--sides", "stock", "--start-n", "stock=100")
+    rc, res = _probe(fake, "--sides", "stock", "--start-n", "stock=100", "--redo")
     assert rc == 1 and "failed twice" in res["sides"]["stock"]["error"]
     assert_all_stopped(fake["pidfile"])
+
+
+def test_sides_in_separate_calls_are_merged_and_the_budget_leaves_a_side(fake):
+    rc, res = _probe(fake, "--sides", "ours,stock", "--time-budget", "120", "--min-side-s", "1000")
+    assert rc == 3 and res["sides"] == {}  # nothing started: each side needs --min-side-s
+    rc, res = _probe(fake, "--sides", "stock")
+    assert rc == 0 and list(res["sides"]) == ["stock"] and "fit_ratio" not in res["ratios"]
+    rc, res = _probe(fake, "--sides", "stock,ours")  # stock is kept, ours is probed
+    assert rc == 0 and set(res["sides"]) == {"stock", "ours"}
+    assert res["sides"]["stock"]["command"].endswith("--sides stock")
+    assert res["sides"]["ours"]["command"].endswith("--sides stock,ours")
+    assert res["ratios"]["fit_ratio"] > 3
+    report = (fake["out"] / "report.md").read_text()
+    assert report.count("`python3 scripts/fit_probe.py") == 2  # one provenance line per call
+    assert report.index("| stock |") < report.index("| ours |")
+    rc, res = _probe(fake, "--sides", "stock", "--redo")
+    assert rc == 0 and list(res["sides"]) == ["stock"]
