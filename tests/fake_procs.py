@@ -1,11 +1,38 @@
 """Helpers for the tests that run scripts against fake SGLang servers (a Python file started
 through a `python`-like wrapper, as the scripts start `python -m sglang.launch_server`)."""
 
+import inspect
+import json
 import os
 import stat
 import sys
 import time
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """Quiet handler with a JSON reply helper; GET /health answers 200, any other GET 404."""
+
+    def log_message(self, *a):
+        pass
+
+    def _json(self, code, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        self._json(200 if self.path == "/health" else 404, {})
+
+
+# The same class as source, for the fake servers that run as separate processes: their source
+# starts with it (`FAKE = JSON_HANDLER_SOURCE + r"""..."""`).
+JSON_HANDLER_SOURCE = ("import json\nfrom http.server import BaseHTTPRequestHandler\n\n\n"
+                       + inspect.getsource(JsonHandler) + "\n\n")
 
 
 def fake_python(tmp_path: Path, server_source: str, name: str = "fake_server.py") -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_procs import fake_python
+from fake_procs import JSON_HANDLER_SOURCE, JsonHandler, fake_python
 from script_loader import load_script
 
 ap = load_script("aime_parity")
@@ -169,23 +169,12 @@ ANSWERS = {r["problem"]: r["expected_answer"] for rows in ROWS.values() for r in
 def make_handler(behaviour: dict, log: list):
     """behaviour: salt (same salt + same seed -> same text), skill (P correct), loop, trunc (fractions)."""
 
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
-        def _send(self, code, obj):
-            body = json.dumps(obj).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
+    class H(JsonHandler):
         def do_GET(self):
             if self.path == "/v1/models":
-                self._send(200, {"data": [{"id": "fake-model"}]})
+                self._json(200, {"data": [{"id": "fake-model"}]})
             else:
-                self._send(200 if self.path == "/health" else 404, {})
+                super().do_GET()
 
         def do_POST(self):
             req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -205,7 +194,7 @@ def make_handler(behaviour: dict, log: list):
             else:
                 ans = want if u_correct < behaviour["skill"] else (want + 1) % 1000
                 content = think + f"So the result is \\boxed{{{ans}}}."
-            self._send(200, {"choices": [{"message": {"role": "assistant", "content": content},
+            self._json(200, {"choices": [{"message": {"role": "assistant", "content": content},
                                           "finish_reason": finish}],
                              "usage": {"completion_tokens": len(content.split())}})
 
@@ -330,7 +319,7 @@ def test_usage_errors(data_dir, tmp_path, capsys):
 # Launch mode: both servers started by the script (fake sglang.launch_server)
 # ----------------------------------------------------------------------------------------------
 
-FAKE_LAUNCHER = r'''
+FAKE_LAUNCHER = JSON_HANDLER_SOURCE + r'''
 import json, os, random, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 args = sys.argv[1:]
@@ -341,21 +330,16 @@ port = int(opt("--port"))
 print("[fake] args " + " ".join(args), flush=True)
 print(f"[fake] SGLANG_PLUGINS={os.environ.get('SGLANG_PLUGINS', '')!r}", flush=True)
 answers = json.loads(os.environ["FAKE_ANSWERS"])
-class H(BaseHTTPRequestHandler):
-    def log_message(self, *a):
-        pass
-    def _send(self, obj, code=200):
-        b = json.dumps(obj).encode()
-        self.send_response(code); self.send_header("Content-Length", str(len(b))); self.end_headers(); self.wfile.write(b)
+class H(JsonHandler):
     def do_GET(self):
-        self._send({"data": [{"id": "m"}]} if self.path == "/v1/models" else {})
+        self._json(200, {"data": [{"id": "m"}]} if self.path == "/v1/models" else {})
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         problem = req["messages"][0]["content"].split("\n\n", 1)[1]
         ok = random.Random(req["seed"]).random() < 0.5
         ans = int(answers[problem]) + (0 if ok else 1)
-        self._send({"choices": [{"message": {"content": f"\\boxed{{{ans}}}"}, "finish_reason": "stop"}],
-                    "usage": {"completion_tokens": 3}})
+        self._json(200, {"choices": [{"message": {"content": f"\\boxed{{{ans}}}"}, "finish_reason": "stop"}],
+                         "usage": {"completion_tokens": 3}})
 srv = ThreadingHTTPServer(("127.0.0.1", port), H)
 threading.Thread(target=srv.serve_forever, daemon=True).start()
 print("The server is fired up and ready to roll!", flush=True)

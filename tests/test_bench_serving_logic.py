@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_procs import assert_all_stopped, fake_python
+from fake_procs import JSON_HANDLER_SOURCE, assert_all_stopped, fake_python
 from script_loader import load_script
 
 bs = load_script("bench_serving")
@@ -344,7 +344,7 @@ def test_stream_client_errors():
 # Whole script against a fake server
 # ----------------------------------------------------------------------------------------------
 
-FAKE_SERVER = r'''
+FAKE_SERVER = JSON_HANDLER_SOURCE + r'''
 import json, os, subprocess, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -412,19 +412,8 @@ def reporter():
         report()
 threading.Thread(target=reporter, daemon=True).start()
 
-class H(BaseHTTPRequestHandler):
+class H(JsonHandler):
     protocol_version = "HTTP/1.1"
-    def log_message(self, *a):
-        pass
-    def _json(self, code, obj):
-        body = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def do_GET(self):
-        self._json(200 if self.path == "/health" else 404, {})
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         if self.path == "/flush_cache":

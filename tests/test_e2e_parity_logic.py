@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from fake_procs import assert_all_stopped, fake_python
+from fake_procs import JSON_HANDLER_SOURCE, assert_all_stopped, fake_python
 from script_loader import load_script
 
 e2e = load_script("e2e_parity")
@@ -216,7 +216,7 @@ def test_pick_port():
 # Whole script against a fake server
 # ----------------------------------------------------------------------------------------------
 
-FAKE_SERVER = r'''
+FAKE_SERVER = JSON_HANDLER_SOURCE + r'''
 import json, os, subprocess, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -268,18 +268,7 @@ def continuation(i, prompt, n):
         out.append([lp, t, None])
     return out
 
-class H(BaseHTTPRequestHandler):
-    def log_message(self, *a):
-        pass
-    def _send(self, code, obj):
-        body = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def do_GET(self):
-        self._send(200 if self.path == "/health" else 404, {})
+class H(JsonHandler):
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         sp = req["sampling_params"]
@@ -302,7 +291,7 @@ class H(BaseHTTPRequestHandler):
             if spec:
                 meta.update(spec_accept_length=2.5, spec_verify_ct=len(lps) // 2)
             res.append({"text": "", "output_ids": [t for _, t, _ in lps], "meta_info": meta})
-        self._send(200, res)
+        self._json(200, res)
 
 srv = ThreadingHTTPServer((host, port), H)
 threading.Thread(target=srv.serve_forever, daemon=True).start()

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from fake_procs import assert_all_stopped, fake_python
+from fake_procs import JSON_HANDLER_SOURCE, assert_all_stopped, fake_python
 from script_loader import load_script
 
 fp = load_script("fit_probe")
@@ -52,7 +52,7 @@ def test_split_and_prediction_from_the_h200_logs():
                      upper=12547431 // tpr)
 
 
-FAKE = r'''
+FAKE = JSON_HANDLER_SOURCE + r'''
 import json, os, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -98,19 +98,8 @@ def reporter():
             log(f"Decode batch, #running-req: {r}, #full token: 10, full token usage: 0.00, mamba num: {r}, mamba usage: 0.00, accept len: 3.00, accept rate: 0.67, cuda graph: False, gen throughput (token/s): 100.00, #queue-req: 0")
 threading.Thread(target=reporter, daemon=True).start()
 
-class H(BaseHTTPRequestHandler):
+class H(JsonHandler):
     protocol_version = "HTTP/1.1"
-    def log_message(self, *a):
-        pass
-    def _json(self, code, obj):
-        body = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def do_GET(self):
-        self._json(200 if self.path == "/health" else 404, {})
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
         sp = req["sampling_params"]
