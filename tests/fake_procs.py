@@ -6,8 +6,9 @@ import json
 import os
 import stat
 import sys
+import threading
 import time
-from http.server import BaseHTTPRequestHandler
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 
@@ -29,10 +30,23 @@ class JsonHandler(BaseHTTPRequestHandler):
         self._json(200 if self.path == "/health" else 404, {})
 
 
-# The same class as source, for the fake servers that run as separate processes: their source
-# starts with it (`FAKE = JSON_HANDLER_SOURCE + r"""..."""`).
-JSON_HANDLER_SOURCE = ("import json\nfrom http.server import BaseHTTPRequestHandler\n\n\n"
-                       + inspect.getsource(JsonHandler) + "\n\n")
+def serve_until_killed(handler, host: str, port: int, ready_after_s: float = 0.0, announce=None) -> None:
+    """A fake server's main loop: serve `handler` on a thread, print SGLang's ready line after
+    `ready_after_s` (what the scripts wait for), then block until the process is killed."""
+    ThreadingHTTPServer.request_queue_size = 256  # the default backlog (5) stalls bursts of connections
+    srv = ThreadingHTTPServer((host, port), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    time.sleep(ready_after_s)
+    (announce or (lambda m: print(m, flush=True)))("The server is fired up and ready to roll!")
+    while True:
+        time.sleep(1)
+
+
+# The same as source, for the fake servers that run as separate processes: their source starts
+# with it (`FAKE = JSON_HANDLER_SOURCE + r"""..."""`) and ends with `serve_until_killed(H, ...)`.
+JSON_HANDLER_SOURCE = ("import json\nimport threading\nimport time\n"
+                       "from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer\n\n\n"
+                       + inspect.getsource(JsonHandler) + "\n\n" + inspect.getsource(serve_until_killed) + "\n\n")
 
 
 def fake_python(tmp_path: Path, server_source: str, name: str = "fake_server.py") -> str:

@@ -8,7 +8,7 @@ import random
 import sys
 import threading
 import zipfile
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -321,7 +321,6 @@ def test_usage_errors(data_dir, tmp_path, capsys):
 
 FAKE_LAUNCHER = JSON_HANDLER_SOURCE + r'''
 import json, os, random, sys, threading, time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 args = sys.argv[1:]
 assert args[:2] == ["-m", "sglang.launch_server"], args
 args = args[2:]
@@ -340,11 +339,7 @@ class H(JsonHandler):
         ans = int(answers[problem]) + (0 if ok else 1)
         self._json(200, {"choices": [{"message": {"content": f"\\boxed{{{ans}}}"}, "finish_reason": "stop"}],
                          "usage": {"completion_tokens": 3}})
-srv = ThreadingHTTPServer(("127.0.0.1", port), H)
-threading.Thread(target=srv.serve_forever, daemon=True).start()
-print("The server is fired up and ready to roll!", flush=True)
-while True:
-    time.sleep(1)
+serve_until_killed(H, "127.0.0.1", port)
 '''
 
 

@@ -346,7 +346,6 @@ def test_stream_client_errors():
 
 FAKE_SERVER = JSON_HANDLER_SOURCE + r'''
 import json, os, subprocess, sys, threading, time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 args = sys.argv[1:]
 assert args[:2] == ["-m", "sglang.launch_server"], args
@@ -474,13 +473,7 @@ class H(JsonHandler):
                 served[0] += 1
         self.close_connection = True
 
-ThreadingHTTPServer.request_queue_size = 256  # the default backlog (5) stalls bursts of connections
-srv = ThreadingHTTPServer((host, port), H)
-threading.Thread(target=srv.serve_forever, daemon=True).start()
-time.sleep(float(env.get("FAKE_STARTUP_S", "0.1")))
-log("The server is fired up and ready to roll!")
-while True:
-    time.sleep(1)
+serve_until_killed(H, host, port, float(env.get("FAKE_STARTUP_S", "0.1")), log)
 '''
 
 

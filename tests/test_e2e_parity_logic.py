@@ -218,7 +218,6 @@ def test_pick_port():
 
 FAKE_SERVER = JSON_HANDLER_SOURCE + r'''
 import json, os, subprocess, sys, threading, time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 argv = sys.argv[1:]
 assert argv[:2] == ["-m", "sglang.launch_server"], argv
@@ -293,12 +292,7 @@ class H(JsonHandler):
             res.append({"text": "", "output_ids": [t for _, t, _ in lps], "meta_info": meta})
         self._json(200, res)
 
-srv = ThreadingHTTPServer((host, port), H)
-threading.Thread(target=srv.serve_forever, daemon=True).start()
-time.sleep(float(env.get("FAKE_STARTUP_S", "0.2")))
-log("The server is fired up and ready to roll!")
-while True:
-    time.sleep(1)
+serve_until_killed(H, host, port, float(env.get("FAKE_STARTUP_S", "0.2")), log)
 '''
 
 

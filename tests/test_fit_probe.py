@@ -54,7 +54,6 @@ def test_split_and_prediction_from_the_h200_logs():
 
 FAKE = JSON_HANDLER_SOURCE + r'''
 import json, os, sys, threading, time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 args = sys.argv[1:]
 assert args[:2] == ["-m", "sglang.launch_server"], args
@@ -113,12 +112,7 @@ class H(JsonHandler):
             running[0] -= len(ids)
         self._json(200, [{"meta_info": {"completion_tokens": sp["max_new_tokens"]}} for _ in ids])
 
-ThreadingHTTPServer.request_queue_size = 256
-srv = ThreadingHTTPServer((host, port), H)
-threading.Thread(target=srv.serve_forever, daemon=True).start()
-log("The server is fired up and ready to roll!")
-while True:
-    time.sleep(1)
+serve_until_killed(H, host, port, 0.0, log)
 '''
 
 
