@@ -15,8 +15,11 @@ Per side this script
    draft caches), i.e. the budget they share;
 2. **predicts** N* with (N* + 1) * slot + N* * tokens_per_request * kv = budget;
 3. **verifies**: launches at N* (0.9 N* if that fails to start), reads fit(N*) from the scheduler
-   line, sends fit(N*) requests at once (non-streaming `/generate` batches, so the client needs few sockets), and takes the largest
-   `#running-req` of the decode-log lines as the concurrency actually reached.
+   line, sends fit(N*) requests at once (non-streaming `/generate` batches, so the client needs
+   few sockets), and takes the largest `#running-req` of the decode-log lines as the concurrency
+   actually reached.
+
+Sides: stock, ours, and upstream (SGLang's own `--enable-linear-replayssm-spec`, GDN only).
 
 Bounds. "Reached" (the largest #running-req while fit(N*) requests were in flight) is a lower
 bound on the fit. Upper bound: the budget does not depend on N, so the KV tokens fall linearly in
@@ -26,7 +29,7 @@ is "max fit" (each launch also checks that the KV tokens shrank). Without a cali
 the upper bound is max(N*, KV tokens(N*) // tokens per request), much looser. The conservative
 ratio is ours' reached over stock's upper bound, next to the plain fit ratio.
 
-Example (on the device, after bench_serving built the spec checkpoint):
+Example (on the device; builds bench_serving's GDN spec checkpoint into --models-dir if missing):
   python3 scripts/fit_probe.py --model gdn --models-dir /tmp/bench_models --out /tmp/fit --time-budget 500
 Output: OUT/fit.json, OUT/report.md, OUT/logs/*.log; a short table printed last.
 Resumable: a side verified by an earlier call into the same OUT is kept (--redo repeats it), so
@@ -55,7 +58,7 @@ import bench_serving as bs  # noqa: E402
 import e2e_parity as e2e  # noqa: E402
 
 _OURS_CONV_RE = re.compile(r"ReplaySSM pool \(.*conv windows ([0-9.]+) GiB")
-SIDES = ("stock", "ours")
+SIDES = ("stock", "upstream", "ours")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -72,6 +75,9 @@ def memory_split(facts: dict, log_text: str = "") -> dict:
     parts = {"ssm_state": facts["ssm_state_gb"], "conv_state": facts.get("conv_state_gb") or 0.0,
              "intermediate_ssm": facts.get("intermediate_ssm_gb") or 0.0,
              "intermediate_conv": facts.get("intermediate_conv_gb") or 0.0}
+    up = facts.get("upstream_rings")
+    if up:
+        parts["upstream_rings"] = up["total_gb"]
     rs = facts.get("replayssm")
     if rs:
         parts["replayssm_rings"] = rs["rings_gib"]
@@ -131,6 +137,9 @@ def ratio_summary(sides: dict) -> dict:
         out["fit_ratio"] = o["fit"]["fit"] / s["fit"]["fit"]
     if s.get("fit") and o.get("reached") and bound(s):
         out["conservative_ratio"] = o["reached"] / bound(s)
+    u = sides.get("upstream") or {}
+    if u.get("fit") and o.get("fit"):
+        out["fit_ratio_vs_upstream"] = o["fit"]["fit"] / u["fit"]["fit"]
     return out
 
 
@@ -310,7 +319,9 @@ def markdown(result: dict) -> str:
             lines.append(f"\n{side}: **{r['error']}**\n")
     rs = result.get("ratios") or {}
     lines += ["", f"ours / stock fit: {bs._f(rs.get('fit_ratio'), 2, 'x')}; ours reached / stock upper bound "
-              f"(conservative): {bs._f(rs.get('conservative_ratio'), 2, 'x')}", ""]
+              f"(conservative): {bs._f(rs.get('conservative_ratio'), 2, 'x')}"
+              + (f"; ours / upstream fit: {bs._f(rs['fit_ratio_vs_upstream'], 2, 'x')}"
+                 if "fit_ratio_vs_upstream" in rs else ""), ""]
     return "\n".join(lines)
 
 

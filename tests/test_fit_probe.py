@@ -52,6 +52,18 @@ def test_split_and_prediction_from_the_h200_logs():
                      upper=12547431 // tpr)
 
 
+def test_upstream_rings_count_as_slot_bytes():
+    log = ("Mamba Cache is allocated. max_mamba_cache_size: 48, conv_state size: 0.03GB, ssm_state size: 1.15GB \n"
+           "GDN ReplaySSM ring buffers allocated (record_len=16, fold=False): d=0.100GB, k=0.050GB, g=0.001GB "
+           "rawv=0.100GB, rawk=0.050GB, beta=0.001GB \n"
+           "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 1000, K size: 1.00 GB, V size: 1.00 GB\n")
+    split = fp.memory_split(bs.parse_server_facts(log), log)
+    assert split["parts_gb"]["upstream_rings"] == pytest.approx(0.302)
+    assert split["mamba_gb"] == pytest.approx(1.15 + 0.03 + 0.302)
+    r = fp.ratio_summary({"upstream": {"fit": {"fit": 100}}, "ours": {"fit": {"fit": 150}}})
+    assert r == {"fit_ratio_vs_upstream": 1.5}
+
+
 FAKE = JSON_HANDLER_SOURCE + r'''
 import json, os, sys, threading, time
 
