@@ -384,14 +384,17 @@ def m2_verify_bytes_baseline(B, NH, P, N, G, T, act=2):
 
 
 M2_SHAPES = (("super", 128, 64, 128, 8), ("nano9b", 128, 80, 128, 8))
+# Split decode plans timed by --sweep (configs.mamba2_decode_plan: split, flush BM, warps, stages):
+# flush rows in a launch of their own, with a tile that has no sub-tile loop.
+M2_DECODE_SWEEP = ((1, 32, 4, 2), (1, 16, 4, 2), (1, 16, 2, 2), (1, 32, 8, 2))
 
 
-def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES):
+def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES, sweep=False):
     from sglang.kernels.ops.mamba.mamba_state_scatter_triton import fused_mamba_state_scatter_with_mask
     from sglang.kernels.ops.mamba.triton_ops.mamba_ssm import selective_state_update
 
     from replayssm_kernels import commit_prepare, decode_prepare
-    from replayssm_kernels.configs import ring_min_batch
+    from replayssm_kernels.configs import override, ring_min_batch
     from replayssm_kernels.mamba2 import (
         alloc_mamba2_rings,
         mamba2_replay_decode,
@@ -439,8 +442,16 @@ def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES):
                         mamba2_replay_decode(xs[i], dts[i], Bs[i], Cs[i], A, D, dt_bias, state, rings, slots[i],
                                              snaps[j][i][0], snaps[j][i][1], origin, out=y)
             row["decode_ours_us"] = time_graph(ours_decode, sets * L, reps)
+            synced = snaps
             snaps = staggered_snaps(Bsz, L, sets, dev)
             row["decode_ours_staggered_us"] = time_graph(ours_decode, sets * L, reps)
+            for plan in (M2_DECODE_SWEEP if sweep else ()):
+                key = "x".join(map(str, plan))
+                with override("mamba2_decode", plan):
+                    staggered, snaps = snaps, synced
+                    row[f"decode_ours_{key}_us"] = time_graph(ours_decode, sets * L, reps)
+                    snaps = staggered
+                    row[f"decode_ours_{key}_staggered_us"] = time_graph(ours_decode, sets * L, reps)
             exact = [(torch.zeros(Bsz, dtype=torch.int32, device=dev), torch.ones(Bsz, dtype=torch.int32, device=dev))
                      for _ in range(sets)]
 
@@ -506,11 +517,17 @@ def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES):
             print(json.dumps(row), flush=True)
 
 
-def m2_correctness_check():
+def m2_correctness_check(sweep=False):
     """Quick on-GPU check before timing at the Nemotron-3-Super head shape: bit-exact committed
-    state after every decode step and commit, outputs within the baseline's error."""
+    state after every decode step and commit, outputs within the baseline's error (every decode
+    plan that will be timed)."""
+    from replayssm_kernels.configs import override
+
     t = _load_test_module("test_mamba2_kernels.py")
     t.test_mamba2_decode(4, 128, 64, 8, 128, 16, torch.bfloat16, False, False, 34)
+    for plan in (M2_DECODE_SWEEP if sweep else ()):
+        with override("mamba2_decode", plan):
+            t.test_mamba2_decode(4, 128, 64, 8, 128, 16, torch.bfloat16, True, False, 34)
     t.test_mamba2_verify_commit(4, 128, 64, 8, 128, 16, 4, torch.bfloat16, False, False, 20)
 
 
@@ -580,17 +597,17 @@ def main(argv=None):
             gdn_correctness_check()
             print("gdn correctness check on GPU: ok", flush=True)
         if args.family in ("all", "mamba2"):
-            m2_correctness_check()
+            m2_correctness_check(args.sweep)
             print("mamba2 correctness check on GPU: ok", flush=True)
     # Headline shapes first, so a run cut short still has them.
     if args.family in ("all", "gdn"):
         run_gdn(batches, L, T, reps, args.sweep, results, shapes=((16, 32),))
     if args.family in ("all", "mamba2"):
-        run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES[:1])
+        run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES[:1], sweep=args.sweep)
     if args.family in ("all", "gdn"):
         run_gdn(batches, L, T, reps, args.sweep, results, shapes=((16, 64),))
     if args.family in ("all", "mamba2"):
-        run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES[1:])
+        run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES[1:], sweep=args.sweep)
     info["elapsed_s"] = time.time() - t0
     if args.json:
         with open(args.json, "w") as f:

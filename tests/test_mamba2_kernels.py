@@ -151,6 +151,26 @@ def test_mamba2_decode(B, NH, P, G, N, L, dtype, has_z, hot, steps):
     assert not pool[0].any() and not pool[-1].any(), "spare slots were written"
 
 
+@pytest.mark.parametrize("plan", [
+    pytest.param((1, 16, 4, 2), id="split-bm16-w4"),
+    pytest.param((1, 32, 4, 1), id="split-bm32-w4"),
+    pytest.param((1, 8, 1, 2), id="split-bm8-w1"),
+])
+@pytest.mark.parametrize("case", [
+    pytest.param((2, 2, 20, 2, 16, 16, bf16, True, False, 36), id="P20-N16-L16-z"),
+    pytest.param((2, 2, 16, 1, 128, 4, bf16, True, False, 9), id="P16-N128-L4-z"),
+])
+def test_mamba2_decode_split_plans(plan, case):
+    """The split decode plans (flush rows in their own launch and tile) keep every guarantee of
+    the one-launch plan: state bit-exact, flush outputs bit-exact, non-flush rows never write."""
+    from replayssm_kernels.configs import mamba2_decode_plan, override
+
+    with override("mamba2_decode", plan):
+        assert mamba2_decode_plan() == plan
+        test_mamba2_decode(*case)
+    assert mamba2_decode_plan() == (0, 0, 0, 0)
+
+
 VERIFY_CASES = [
     # B, NH, P, G, N, L, T_max, dtype, has_z, hot, steps
     pytest.param(3, 4, 16, 2, 16, 1, 1, bf16, True, False, 5, id="B3-NH4-G2-L1-T1-bf16-z"),

@@ -17,7 +17,7 @@ _OVERRIDES: dict[str, tuple[int, int, int]] = {}
 
 # name -> accepted numbers of `x`-separated integers
 _OVERRIDE_ARITY = {"gdn_decode": (7,), "gdn_verify": (3, 4), "gdn_fold_cols": (1,), "gdn_ring_min_batch": (1,),
-                   "mamba2_ring_min_batch": (1,)}
+                   "mamba2_ring_min_batch": (1,), "mamba2_decode": (4,)}
 
 
 def _env_overrides() -> None:
@@ -47,6 +47,9 @@ def describe() -> str:
         f"gdn_ring_min_batch={ring_min_batch('gdn')} (below: SGLang's packed decode on folded checkpoints; "
         "a GDN server without speculative decoding that cannot run this many requests allocates no rings)",
         f"mamba2_ring_min_batch={ring_min_batch('mamba2')} (below: exact recurrence every step)",
+        "mamba2_decode=" + "x".join(map(str, mamba2_decode_plan()))
+        + (" (one launch, the tile table's decode tile)" if mamba2_decode_plan()[0] == 0
+           else " (flush rows in their own launch: split x BM x warps x stages)"),
     ])
 
 
@@ -132,6 +135,18 @@ def override(name: str, cfg: tuple):
 # step (the ring decode was faster than SGLang's SSU from batch 1). Switching is seamless: the
 # fold before a stock step, or a forced flush, brings every checkpoint up to date.
 _RING_MIN_BATCH = {"gdn": 256, "mamba2": 1}
+
+
+def mamba2_decode_plan() -> tuple[int, int, int, int]:
+    """(split, BM, num_warps, num_stages) of the Mamba-2 decode. split 0: one launch, the tile of
+    `mamba2/common.py`'s table for every row. split 1: the flush rows first, in a launch of their
+    own with a `[BM, next_pow2(N)]` tile (no sub-tiles) and these warps / stages, then the
+    non-flush rows with the table's tile; each launch skips the other kind's rows. The default is
+    the one-launch plan measured in docs/perf.md (run 3); split plans are for the kernel sweep
+    (`bench_kernels.py --sweep`), not measured yet."""
+    if "mamba2_decode" in _OVERRIDES:
+        return tuple(int(x) for x in _OVERRIDES["mamba2_decode"])  # type: ignore[return-value]
+    return (0, 0, 0, 0)
 
 
 def ring_min_batch(family: str) -> int:

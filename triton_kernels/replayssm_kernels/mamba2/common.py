@@ -146,6 +146,13 @@ def tile_config(kernel: str, P: int, N: int) -> TileConfig:
     for max_bn, BM, BMF, warps, stages in _TILE_TABLE[kernel]:
         if BN <= max_bn:
             break
+    return make_tile(BM, BMF, warps, stages, P, N)
+
+
+def make_tile(BM: int, BMF: int, warps: int, stages: int, P: int, N: int) -> TileConfig:
+    """A requested tile, adjusted by the rules above (whole N row, >= 4 fp32 per thread, power-of-two BM
+    shrunk while P padding exceeds a quarter)."""
+    BN = triton.next_power_of_2(N)
     min_bm = max(1, (4 * 32 * warps) // BN)
     BM = max(min(BM, triton.next_power_of_2(P)), min_bm)
     while BM // 2 >= min_bm and 4 * (triton.cdiv(P, BM) * BM - P) > triton.cdiv(P, BM) * BM:

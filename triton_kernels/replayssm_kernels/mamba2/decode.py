@@ -15,7 +15,9 @@ A non-flush row never writes the state; it appends the raw (x, B, dt) at logical
 (x by every program for its P-block, dt by P-block 0, B by the first head of the group in P-block 0).
 A flush row replays the pending raw entries and then the token with the baseline's exact
 expressions (`common.py`), reads the output like the baseline, and stores the state.
-Grid: `(B * NH * cdiv(P, BM),)`, one `[BM, BN]` state tile per program.
+Grid: `(B * NH * cdiv(P, BM),)`, one `[BM, BN]` state tile per program. With a split plan
+(`configs.mamba2_decode_plan`) the flush rows run first in a launch with their own tile, then the
+non-flush rows; the two launches touch disjoint rows.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..configs import mamba2_decode_plan
 from .common import (
     REPLAY_UNROLL,
     mamba2_dt,
@@ -33,6 +36,7 @@ from .common import (
     mamba2_exact_step,
     mamba2_gate,
     mamba2_replay,
+    make_tile,
     tile_config,
 )
 from .rings import Mamba2Rings, check_mamba2_rings
@@ -47,7 +51,7 @@ def _mamba2_decode_kernel(
     stride_state_slot, stride_rx_slot, stride_rB_slot, stride_rdt_slot,
     NH: tl.constexpr, P: tl.constexpr, G: tl.constexpr, N: tl.constexpr,
     BM: tl.constexpr, BMF: tl.constexpr, BN: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
-    HAS_Z: tl.constexpr, UNROLL: tl.constexpr,
+    HAS_Z: tl.constexpr, UNROLL: tl.constexpr, MODE: tl.constexpr = 0,
 ):
     NP = (P + BM - 1) // BM
     i_m, i_nh = tl.program_id(0) % NP, tl.program_id(0) // NP
@@ -75,6 +79,13 @@ def _mamba2_decode_kernel(
     slot = tl.load(slot_idx + i_n).to(tl.int64)
     if slot < 0:
         return
+    # MODE 1: flush rows only; MODE 2: non-flush rows only (the split plan's two launches).
+    if MODE == 1:
+        if flush == 0:
+            return
+    if MODE == 2:
+        if flush != 0:
+            return
     org = tl.load(origin + slot)
     b_B = b_B_raw.to(tl.float32)
     b_dt = mamba2_dt(b_dt_raw, b_bias)
@@ -228,16 +239,21 @@ def mamba2_replay_decode(
     if Bsz == 0:
         return out
     cfg = tile_config("decode", P, N)
+    split, f_bm, f_warps, f_stages = mamba2_decode_plan()
+    launches = [(0, cfg)]
+    if split:
+        launches = [(1, make_tile(f_bm, f_bm, f_warps, f_stages, P, N)), (2, cfg)]
     RL = rings.ring_len
-    grid = (Bsz * NH * triton.cdiv(P, cfg.BM),)
-    _mamba2_decode_kernel[grid](
-        x, dt, B, C, z if z is not None else x, A, D, dt_bias, out,
-        state, rings.x, rings.B, rings.dt,
-        slot_idx, row_wp, row_flush, origin,
-        *strides, stride_o,
-        state.stride(0), rings.x.stride(0), rings.B.stride(0), rings.dt.stride(0),
-        NH=NH, P=P, G=G, N=N, BM=cfg.BM, BMF=cfg.BMF, BN=cfg.BN, RL=RL, RLB=triton.next_power_of_2(RL),
-        HAS_Z=z is not None, UNROLL=REPLAY_UNROLL,
-        **cfg.launch,
-    )
+    for mode, tile in launches:
+        grid = (Bsz * NH * triton.cdiv(P, tile.BM),)
+        _mamba2_decode_kernel[grid](
+            x, dt, B, C, z if z is not None else x, A, D, dt_bias, out,
+            state, rings.x, rings.B, rings.dt,
+            slot_idx, row_wp, row_flush, origin,
+            *strides, stride_o,
+            state.stride(0), rings.x.stride(0), rings.B.stride(0), rings.dt.stride(0),
+            NH=NH, P=P, G=G, N=N, BM=tile.BM, BMF=tile.BMF, BN=tile.BN, RL=RL, RLB=triton.next_power_of_2(RL),
+            HAS_Z=z is not None, UNROLL=REPLAY_UNROLL, MODE=mode,
+            **tile.launch,
+        )
     return out
