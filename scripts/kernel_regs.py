@@ -1,6 +1,7 @@
 """Registers and spills of the ReplaySSM kernels for sm_90, without a GPU.
 
-    python scripts/kernel_regs.py            # all GDN launch plans at the Qwen3-Next head shape
+    python scripts/kernel_regs.py            # GDN launch plans at the Qwen3-Next head shape,
+                                             # then the Mamba-2 decode plans at the Super shape
 
 Compiles each kernel variant with Triton for `cuda:90` (no device needed) and runs the `ptxas`
 that ships with Triton (`-v`) on the PTX: registers per thread and spill bytes. One warp-wide
@@ -108,11 +109,40 @@ def gdn_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
     return rows
 
 
+def mamba2_rows(NH=128, P=64, G=8, N=128, L=16):
+    """The Mamba-2 decode kernel: the default one-launch tile and the split plans' launches
+    (`configs.mamba2_decode_plan`; the sweep list of `bench_kernels.py`)."""
+    from replayssm_kernels.mamba2 import common, decode
+
+    act = {n: "*bf16" for n in ("x", "dt", "Bm", "C", "z", "o", "ring_x", "ring_B", "ring_dt")}
+    f32 = {n: "*fp32" for n in ("A", "D", "dt_bias", "state")}
+    i32 = {n: "*i32" for n in ("slot_idx", "row_wp", "row_flush", "origin")}
+    ptrs = {**act, **f32, **i32}
+    head = dict(NH=NH, P=P, G=G, N=N, RL=L, RLB=triton.next_power_of_2(L), HAS_Z=True, UNROLL=common.REPLAY_UNROLL)
+    kern = decode._mamba2_decode_kernel
+    rows = []
+    default = common.tile_config("decode", P, N)
+    plans = [("one launch", 0, default)]
+    for _split, bm, warps, stages in ((1, 32, 4, 2), (1, 16, 4, 2), (1, 16, 2, 2), (1, 32, 8, 2)):
+        plans.append((f"split flush bm{bm} w{warps}", 1, common.make_tile(bm, bm, warps, stages, P, N)))
+    plans.append(("split non-flush", 2, default))
+    for what, mode, t in plans:
+        c = dict(head, BM=t.BM, BMF=t.BMF, BN=t.BN, MODE=mode)
+        rows.append((f"decode {what} (BM {t.BM}, BMF {t.BMF}, w{t.num_warps})",
+                     *ptxas_report(kern, signature(kern, ptrs, c), c, t.num_warps, t.num_stages)))
+    return rows
+
+
 def main():
     print(f"| kernel (GDN, H=16, HV=32, K=V=128, L=16, T=4; sm_90, triton {triton.__version__}) "
           "| registers | spill stores (B) | spill loads (B) |")
     print("|---|---:|---:|---:|")
     for name, regs, st, ld in gdn_rows():
+        print(f"| {name} | {regs} | {st} | {ld} |", flush=True)
+    print(f"\n| kernel (Mamba-2, NH=128, P=64, G=8, N=128, L=16; sm_90, triton {triton.__version__}) "
+          "| registers | spill stores (B) | spill loads (B) |")
+    print("|---|---:|---:|---:|")
+    for name, regs, st, ld in mamba2_rows():
         print(f"| {name} | {regs} | {st} | {ld} |", flush=True)
 
 
