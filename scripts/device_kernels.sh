@@ -9,7 +9,8 @@
 # .whl is built by ../shared/devtools/sglang_device_wheels.sh (SGLang 0.5.17 for the baselines).
 # Writes $OUT/{kernel_tests.log, profile_gdn.log, bench.log, bench.json}; prints the tables last.
 # Parts: tests | profile | bench (default: all three).
-# Env: BENCH_ARGS (extra bench_kernels.py flags, e.g. "--sweep" or "--family gdn").
+# Env: BENCH_ARGS (extra bench_kernels.py flags, e.g. "--sweep" or "--family gdn"),
+#      BENCH_TIMEOUT (seconds for the benchmark, default 540).
 set -uo pipefail
 OUT=${OUT:-/tmp/kernels_out}
 mkdir -p "$OUT"
@@ -23,7 +24,7 @@ PARTS=${*:-tests profile bench}
 has() { case " $PARTS " in *" $1 "*) return 0;; *) return 1;; esac; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 if has tests; then
-  timeout 240 python3 -m pytest tests/test_gdn_kernels.py tests/test_mamba2_kernels.py -q -p no:cacheprovider \
+  timeout 300 python3 -m pytest tests/test_gdn_kernels.py tests/test_mamba2_kernels.py -q -p no:cacheprovider \
     > "$OUT/kernel_tests.log" 2>&1
   echo "kernel tests rc=$? ($(tail -1 "$OUT/kernel_tests.log"))"
 fi
@@ -32,7 +33,7 @@ if has profile; then
   echo "profile rc=$?"; tail -1 "$OUT/profile_gdn.log" | cut -c1-2000
 fi
 if has bench; then
-  timeout 540 python3 scripts/bench_kernels.py --reps 12 --json "$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+  timeout "${BENCH_TIMEOUT:-540}" python3 scripts/bench_kernels.py --reps 12 --json "$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
   echo "bench rc=$?"
   grep -v '^{"family' "$OUT/bench.log" | tail -5
   python3 scripts/perf_report.py "$OUT/bench.log" | tail -60

@@ -7,6 +7,7 @@
 # Steps (carry in brackets; the first call on a fresh machine must carry .whl, the next .whl2):
 #   install        SGLang wheels into /tmp/site                          [.whl] then [.whl2]
 #   kernels        GDN + Mamba-2 kernel tests on the GPU                  [.whl]
+#   m2_sweep       Mamba-2 decode plans (the split plans) vs SGLang's SSU, kernel benchmark  [.whl]
 #   e2e320         Nemotron-H + NEXTN parity at 320 running requests      [.whl2 .tiny]
 #   e2e_prefix     prefix-cache / scheduler parity cases (:radix :nobuffer :retract :mixed)  [.tiny]
 #   spec_c1        GDN spec at concurrency 1, 16 requests a case: ours then stock, then stock then
@@ -52,7 +53,14 @@ BENCH=("$PY" scripts/bench_serving.py --models-dir /tmp/bench_models --quiet --m
 
 step_install() { run bash scripts/device_e2e.sh install; }
 
-step_kernels() { run bash scripts/device_kernels.sh tests; }
+step_kernels() { run env OUT="$OUT/kernels" bash scripts/device_kernels.sh tests; }
+
+step_m2_sweep() {
+  # The Mamba-2 decode plans (default and the split plans of bench_kernels.M2_DECODE_SWEEP) at both
+  # Mamba-2 shapes, each checked bit-exact on the GPU first.
+  run env OUT="$OUT/m2_sweep" BENCH_TIMEOUT=$(( $(left) - 15 )) \
+    BENCH_ARGS="--family mamba2 --sweep --batches 1,256,512" bash scripts/device_kernels.sh bench
+}
 
 step_e2e320() {
   # The stock server gets a long startup allowance: on a fresh machine session 10's first stock
@@ -115,7 +123,7 @@ step_aime() {
     --time-budget $(( $(left) - 30 ))
 }
 
-STEPS=(install kernels e2e320 e2e_prefix spec_c1 spec_fit decode_fixed aime)
+STEPS=(install kernels m2_sweep e2e320 e2e_prefix spec_c1 spec_fit decode_fixed aime)
 [ $# -gt 0 ] || { echo "usage: $0 STEP [STEP ...]; steps: ${STEPS[*]}" >&2; exit 2; }
 for s in "$@"; do
   [[ " ${STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s; steps: ${STEPS[*]}" >&2; exit 2; }
@@ -132,7 +140,7 @@ done
 for s in "$@"; do
   [ "$DRY" = 1 ] && continue
   echo "=== $s"
-  grep -hE "RESULT|^\[(PASS|FAIL)\]|ours/stock|^ +[0-9]+ +[0-9]|kernel tests rc|passed|verdict|VERDICT|^\| (stock|ours) \||conservative" "$OUT/$s.log" 2>/dev/null | tail -25
+  grep -hE "RESULT|^\[(PASS|FAIL)\]|ours/stock|^ +[0-9]+ +[0-9]|kernel tests rc|bench rc|passed|verdict|VERDICT|^\| (stock|ours) \||^\| [0-9]+ \||^\*\*Mamba-2|conservative" "$OUT/$s.log" 2>/dev/null | tail -40
 done
 [ -f "$OUT/spec_c1_diag.txt" ] && grep -E "^== |process:" "$OUT/spec_c1_diag.txt"
 exit $rc

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 
 
 def load_rows(path):
@@ -120,13 +121,43 @@ def m2_tables(rows, copy_gbps):
     return out
 
 
+_M2_PLAN_RE = re.compile(r"^decode_ours_(\d+x\d+x\d+x\d+)_us$")
+
+
+def m2_plan_tables(rows):
+    """The Mamba-2 decode plans timed by `bench_kernels.py --sweep` (keys
+    `decode_ours_<plan>_us` / `..._staggered_us`) next to the default plan, per shape and batch."""
+    out = []
+    for shape in dict.fromkeys(r["shape"] for r in rows if r["family"] == "mamba2"):
+        sub = [r for r in rows if r["family"] == "mamba2" and r["shape"] == shape]
+        plans = list(dict.fromkeys(m.group(1) for r in sub for k in r for m in [_M2_PLAN_RE.match(k)] if m))
+        if not plans:
+            continue
+        out.append(f"\n**Mamba-2 {shape}: decode plans vs SGLang's SSU** (synchronised / staggered; "
+                   "`mamba2_decode=split x BM x warps x stages`)\n")
+        out.append("| batch | SSU (us) | default (us) | default vs SSU | "
+                   + " | ".join(f"`{p}` (us) | `{p}` vs SSU" for p in plans) + " |")
+        out.append("|---:" * (4 + 2 * len(plans)) + "|")
+        for r in sub:
+            ssu = r["decode_ssu_us"]
+            cells = [str(r["B"]), _us(ssu),
+                     f"{_us(r['decode_ours_us'])} / {_us(r.get('decode_ours_staggered_us'))}",
+                     f"{_x(ssu, r['decode_ours_us'])} / {_x(ssu, r.get('decode_ours_staggered_us'))}"]
+            for p in plans:
+                a, b = r.get(f"decode_ours_{p}_us"), r.get(f"decode_ours_{p}_staggered_us")
+                cells += [f"{_us(a)} / {_us(b)}", f"{_x(ssu, a)} / {_x(ssu, b)}"]
+            out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("path")
     p.add_argument("--copy-gbps", type=float, default=None)
     a = p.parse_args()
     rows = load_rows(a.path)
-    print("\n".join(gdn_tables(rows, a.copy_gbps) + m2_tables(rows, a.copy_gbps) + dispatch_rows(rows)))
+    print("\n".join(gdn_tables(rows, a.copy_gbps) + m2_tables(rows, a.copy_gbps) + m2_plan_tables(rows)
+                    + dispatch_rows(rows)))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import pytest
 
 from script_loader import ROOT, load_script
 
-STEPS = ["install", "kernels", "e2e320", "e2e_prefix", "spec_c1", "spec_fit", "decode_fixed", "aime"]
+STEPS = ["install", "kernels", "m2_sweep", "e2e320", "e2e_prefix", "spec_c1", "spec_fit", "decode_fixed", "aime"]
 CASE = re.compile(r"^(qwen3_next|nemotron_h)((:(nextn|ring|radix|nobuffer|retract|mixed))*)$")
 
 
@@ -38,7 +38,7 @@ def test_every_step_command_parses(tmp_path, monkeypatch):
     bs = load_script("bench_serving")
     aime = load_script("aime_parity")
     fit = load_script("fit_probe")
-    seen = {"bench": 0, "aime": 0, "e2e": 0, "fit": 0}
+    seen = {"bench": 0, "aime": 0, "e2e": 0, "fit": 0, "kernels": 0}
     for cmd in cmds:
         joined = " ".join(cmd)
         if "scripts/bench_serving.py" in cmd:
@@ -54,13 +54,24 @@ def test_every_step_command_parses(tmp_path, monkeypatch):
         elif "scripts/aime_parity.py" in cmd:
             aime.parse_args(cmd[cmd.index("scripts/aime_parity.py") + 1:])
             seen["aime"] += 1
+        elif "scripts/device_kernels.sh" in cmd:
+            assert cmd[-1] in ("tests", "bench") and any(x.startswith("OUT=") for x in cmd), joined
+            bench_args = [x[len("BENCH_ARGS="):] for x in cmd if x.startswith("BENCH_ARGS=")]
+            if bench_args:
+                # bench_kernels parses its flags before it asks for a GPU: on the CPU a good command
+                # stops at the GPU check, a bad flag at argparse (exit status 2).
+                bk = load_script("bench_kernels")
+                with pytest.raises(SystemExit) as e:
+                    bk.main(shlex.split(bench_args[0]))
+                assert "needs a CUDA GPU" in str(e.value.code), joined
+            seen["kernels"] += 1
         elif "scripts/device_e2e.sh" in cmd:
             i = cmd.index("scripts/device_e2e.sh")
             assert cmd[i + 1] in ("install", "run"), joined
             for case in cmd[i + 2:]:
                 assert CASE.match(case), f"bad e2e case {case!r} in {joined}"
             seen["e2e"] += 1
-    assert seen == {"bench": 4, "aime": 1, "e2e": 3, "fit": 1}, seen
+    assert seen == {"bench": 4, "aime": 1, "e2e": 3, "fit": 1, "kernels": 2}, seen
 
 
 def test_unknown_step_is_refused(tmp_path):
