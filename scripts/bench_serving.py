@@ -215,7 +215,7 @@ _KV_RE = re.compile(r"KV Cache is allocated\. dtype: [^,]+, #tokens: (\d+), (?:K
 _OURS_POOL_RE = re.compile(
     r"ReplaySSM pool \((\w+), (\d+) SSM layers, ring_len=(\d+), rings in (\w+)\): per slot checkpoint " + _NUM
     + r" MiB \+ rings " + _NUM + r" MiB \+ cursors (\d+) B; (\d+) slots: checkpoints " + _NUM + r" GiB, rings "
-    + _NUM + r" GiB")
+    + _NUM + r" GiB(?:[^\n]*?conv windows " + _NUM + r" GiB)?")
 _OURS_MEM_RE = re.compile(r"ReplaySSM memory: (\d+) mamba slots \(\+1 padding\) x " + _NUM + r" MiB \(state " + _NUM
                           + r" \+ rings " + _NUM + r" MiB\)")
 _UP_RING_RE = re.compile(r"GDN ReplaySSM ring buffers allocated \(record_len=(\d+)[^)]*\): (.*)")
@@ -267,7 +267,9 @@ def parse_server_facts(text: str) -> dict:
             family=m.group(1), ssm_layers=int(m.group(2)), ring_len=int(m.group(3)), ring_dtype=m.group(4),
             checkpoint_mib_per_slot=float(m.group(5)), rings_mib_per_slot=float(m.group(6)),
             cursor_bytes_per_slot=int(m.group(7)), slots=int(m.group(8)), checkpoints_gib=float(m.group(9)),
-            rings_gib=float(m.group(10)))
+            rings_gib=float(m.group(10)),
+            # speculative pools only: the per-draft conv windows (conv rollback after verify)
+            conv_windows_gib=float(m.group(11)) if m.group(11) else None)
     m = _OURS_MEM_RE.search(text)
     if m:
         f["replayssm_memory"] = dict(slots=int(m.group(1)), mib_per_slot=float(m.group(2)),

@@ -47,7 +47,6 @@ import datetime as _dt
 import json
 import math
 import os
-import re
 import shlex
 import sys
 import time
@@ -57,7 +56,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_serving as bs  # noqa: E402
 import e2e_parity as e2e  # noqa: E402
 
-_OURS_CONV_RE = re.compile(r"ReplaySSM pool \(.*conv windows ([0-9.]+) GiB")
 SIDES = ("stock", "upstream", "ours")
 
 
@@ -66,7 +64,7 @@ SIDES = ("stock", "upstream", "ours")
 # ----------------------------------------------------------------------------------------------
 
 
-def memory_split(facts: dict, log_text: str = "") -> dict:
+def memory_split(facts: dict) -> dict:
     """GiB the mamba pool takes (every per-slot allocation) and GiB per KV token (all KV caches:
     the target's and a NEXTN draft's), from `bench_serving.parse_server_facts` output."""
     kvs = facts.get("kv_caches") or []
@@ -81,8 +79,7 @@ def memory_split(facts: dict, log_text: str = "") -> dict:
     rs = facts.get("replayssm")
     if rs:
         parts["replayssm_rings"] = rs["rings_gib"]
-        m = _OURS_CONV_RE.search(log_text)
-        parts["replayssm_conv_windows"] = float(m.group(1)) if m else 0.0
+        parts["replayssm_conv_windows"] = rs.get("conv_windows_gib") or 0.0
     tokens = kvs[0]["tokens"]
     kv_gb = sum(k["gb"] for k in kvs)
     return dict(slots=facts["mamba_slots"], mamba_gb=sum(parts.values()), parts_gb=parts, kv_tokens=tokens,
@@ -212,6 +209,7 @@ def parse_args(argv=None):
         a.start = {k: int(v) for k, v in (x.split("=") for x in a.start_n.split(",") if x)}
     except ValueError:
         p.error("--start-n: SIDE=N,...")
+    a.tokens_per_request = a.input_len + a.output_len + bs.SPEC_DRAFT_TOKENS
     return a
 
 
@@ -239,7 +237,6 @@ def _launch(a, model: dict, side: str, n: int, out: Path, end_time, id_range: tu
     env = bs.side_plugin_env(dict(os.environ), side)
     rec: dict = dict(side=side, n=n, cmd=cmd, log=str(log_path.relative_to(out)))
     timeout = a.startup_timeout if end_time is None else min(a.startup_timeout, max(30.0, end_time - time.time() - 30))
-    tpr = a.input_len + a.output_len + bs.SPEC_DRAFT_TOKENS
     with e2e.launched_server(run, ba.host, timeout, env, end_time):
         text = e2e._read(str(log_path))
         rec.update(startup_s=run.startup_s, error=run.error)
@@ -247,8 +244,7 @@ def _launch(a, model: dict, side: str, n: int, out: Path, end_time, id_range: tu
             rec["log_tail"] = text.splitlines()[-15:]
             return rec
         rec["facts"] = bs.parse_server_facts(text)
-        rec["split"] = memory_split(rec["facts"], text)
-        rec["fit"] = launch_fit(rec["facts"], n, tpr)
+        rec["fit"] = launch_fit(rec["facts"], n, a.tokens_per_request)
         if id_range is not None:
             count = rec["fit"]["fit"]
             prompts = e2e.make_prompts(1000 + n, count, id_range[0], id_range[1], a.input_len, a.input_len)
@@ -265,7 +261,7 @@ def _launch(a, model: dict, side: str, n: int, out: Path, end_time, id_range: tu
 def probe_side(a, model: dict, side: str, out: Path, end_time, id_range: tuple[int, int]) -> dict:
     """Calibrate (unless --start-n names the side), predict, then launch at N* and load it; a
     verify launch that does not start is retried once at 0.9 N*."""
-    tpr = a.input_len + a.output_len + bs.SPEC_DRAFT_TOKENS
+    tpr = a.tokens_per_request
     res: dict = dict(side=side, tokens_per_request=tpr)
     if side in a.start:
         n = a.start[side]
@@ -276,7 +272,8 @@ def probe_side(a, model: dict, side: str, out: Path, end_time, id_range: tuple[i
         if rec.get("error"):
             res["error"] = f"calibration launch: {rec['error']}"
             return res
-        res["prediction"] = {**predict_fit(rec["split"], tpr), "source": f"calibration at N={a.calib_n}"}
+        res["split"] = memory_split(rec["facts"])
+        res["prediction"] = {**predict_fit(res["split"], tpr), "source": f"calibration at N={a.calib_n}"}
         n = res["prediction"]["n"]
     for _ in range(2):
         rec = _launch(a, model, side, n, out, end_time, id_range)

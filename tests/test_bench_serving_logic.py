@@ -138,6 +138,7 @@ def test_parse_server_facts_and_fit():
     assert rs["family"] == "gdn" and rs["ssm_layers"] == 24 and rs["ring_len"] == 16 and rs["ring_dtype"] == "bfloat16"
     assert rs["rings_mib_per_slot"] == 3.13 and rs["checkpoint_mib_per_slot"] == 48.0 and rs["slots"] == 513
     assert rs["rings_gib"] == 1.568 and o["replayssm_memory"]["slots"] == 512
+    assert rs["conv_windows_gib"] == 0.110  # the speculative pool's per-draft conv windows
     assert o["intermediate_ssm_gb"] == 0.0 and o.get("max_running_requests") is None
     mem = bs.memory_summary(o, bs.fit_concurrency(o, 512, 256, True))
     assert mem["replayssm_rings_gib"] == 1.568 and mem["replayssm_rings_mib_per_slot"] == 3.13

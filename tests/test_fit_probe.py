@@ -33,8 +33,8 @@ OURS_LOG = """\
 
 def test_split_and_prediction_from_the_h200_logs():
     tpr = 512 + 256 + 4
-    s = fp.memory_split(bs.parse_server_facts(STOCK_LOG), STOCK_LOG)
-    o = fp.memory_split(bs.parse_server_facts(OURS_LOG), OURS_LOG)
+    s = fp.memory_split(bs.parse_server_facts(STOCK_LOG))
+    o = fp.memory_split(bs.parse_server_facts(OURS_LOG))
     assert s["parts_gb"]["intermediate_ssm"] == 4.59 and "replayssm_rings" not in s["parts_gb"]
     assert o["parts_gb"]["replayssm_rings"] == 0.253 and o["parts_gb"]["replayssm_conv_windows"] == 0.054
     assert o["parts_gb"]["intermediate_ssm"] == 0.0
@@ -57,7 +57,7 @@ def test_upstream_rings_count_as_slot_bytes():
            "GDN ReplaySSM ring buffers allocated (record_len=16, fold=False): d=0.100GB, k=0.050GB, g=0.001GB "
            "rawv=0.100GB, rawk=0.050GB, beta=0.001GB \n"
            "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 1000, K size: 1.00 GB, V size: 1.00 GB\n")
-    split = fp.memory_split(bs.parse_server_facts(log), log)
+    split = fp.memory_split(bs.parse_server_facts(log))
     assert split["parts_gb"]["upstream_rings"] == pytest.approx(0.302)
     assert split["mamba_gb"] == pytest.approx(1.15 + 0.03 + 0.302)
     r = fp.ratio_summary({"upstream": {"fit": {"fit": 100}}, "ours": {"fit": {"fit": 150}}})
