@@ -442,16 +442,14 @@ def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES, sweep=False):
                         mamba2_replay_decode(xs[i], dts[i], Bs[i], Cs[i], A, D, dt_bias, state, rings, slots[i],
                                              snaps[j][i][0], snaps[j][i][1], origin, out=y)
             row["decode_ours_us"] = time_graph(ours_decode, sets * L, reps)
-            synced = snaps
-            snaps = staggered_snaps(Bsz, L, sets, dev)
+            synced, staggered = snaps, staggered_snaps(Bsz, L, sets, dev)
+            snaps = staggered
             row["decode_ours_staggered_us"] = time_graph(ours_decode, sets * L, reps)
             for plan in (M2_DECODE_SWEEP if sweep else ()):
                 key = "x".join(map(str, plan))
                 with override("mamba2_decode", plan):
-                    staggered, snaps = snaps, synced
-                    row[f"decode_ours_{key}_us"] = time_graph(ours_decode, sets * L, reps)
-                    snaps = staggered
-                    row[f"decode_ours_{key}_staggered_us"] = time_graph(ours_decode, sets * L, reps)
+                    for suffix, snaps in (("", synced), ("_staggered", staggered)):  # ours_decode reads `snaps`
+                        row[f"decode_ours_{key}{suffix}_us"] = time_graph(ours_decode, sets * L, reps)
             exact = [(torch.zeros(Bsz, dtype=torch.int32, device=dev), torch.ones(Bsz, dtype=torch.int32, device=dev))
                      for _ in range(sets)]
 
