@@ -42,11 +42,25 @@ def serve_until_killed(handler, host: str, port: int, ready_after_s: float = 0.0
         time.sleep(1)
 
 
+def launch_server_args(argv: list[str]):
+    """What a fake `python -m sglang.launch_server ARGS` was given: (ARGS, opt), where
+    `opt(flag, default=None)` is the value after `flag`."""
+    assert argv[:2] == ["-m", "sglang.launch_server"], argv
+    args = argv[2:]
+
+    def opt(name, default=None):
+        return args[args.index(name) + 1] if name in args else default
+
+    return args, opt
+
+
 # The same as source, for the fake servers that run as separate processes: their source starts
-# with it (`FAKE = JSON_HANDLER_SOURCE + r"""..."""`) and ends with `serve_until_killed(H, ...)`.
-JSON_HANDLER_SOURCE = ("import json\nimport threading\nimport time\n"
+# with it (`FAKE = FAKE_SERVER_PRELUDE + r"""..."""`), takes its flags with
+# `launch_server_args(sys.argv[1:])` and ends with `serve_until_killed(H, ...)`.
+FAKE_SERVER_PRELUDE = ("import json\nimport threading\nimport time\n"
                        "from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer\n\n\n"
-                       + inspect.getsource(JsonHandler) + "\n\n" + inspect.getsource(serve_until_killed) + "\n\n")
+                       + "\n\n".join(inspect.getsource(f) for f in (JsonHandler, serve_until_killed, launch_server_args))
+                       + "\n\n")
 
 
 def fake_python(tmp_path: Path, server_source: str, name: str = "fake_server.py") -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_procs import JSON_HANDLER_SOURCE, JsonHandler, fake_python
+from fake_procs import FAKE_SERVER_PRELUDE, JsonHandler, fake_python
 from script_loader import load_script
 
 ap = load_script("aime_parity")
@@ -319,12 +319,9 @@ def test_usage_errors(data_dir, tmp_path, capsys):
 # Launch mode: both servers started by the script (fake sglang.launch_server)
 # ----------------------------------------------------------------------------------------------
 
-FAKE_LAUNCHER = JSON_HANDLER_SOURCE + r'''
+FAKE_LAUNCHER = FAKE_SERVER_PRELUDE + r'''
 import json, os, random, sys, threading, time
-args = sys.argv[1:]
-assert args[:2] == ["-m", "sglang.launch_server"], args
-args = args[2:]
-opt = lambda k, d=None: args[args.index(k) + 1] if k in args else d
+args, opt = launch_server_args(sys.argv[1:])
 port = int(opt("--port"))
 print("[fake] args " + " ".join(args), flush=True)
 print(f"[fake] SGLANG_PLUGINS={os.environ.get('SGLANG_PLUGINS', '')!r}", flush=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_procs import JSON_HANDLER_SOURCE, assert_all_stopped, fake_python
+from fake_procs import FAKE_SERVER_PRELUDE, assert_all_stopped, fake_python
 from script_loader import load_script
 
 bs = load_script("bench_serving")
@@ -345,14 +345,10 @@ def test_stream_client_errors():
 # Whole script against a fake server
 # ----------------------------------------------------------------------------------------------
 
-FAKE_SERVER = JSON_HANDLER_SOURCE + r'''
+FAKE_SERVER = FAKE_SERVER_PRELUDE + r'''
 import json, os, subprocess, sys, threading, time
 
-args = sys.argv[1:]
-assert args[:2] == ["-m", "sglang.launch_server"], args
-args = args[2:]
-def opt(name, default=None):
-    return args[args.index(name) + 1] if name in args else default
+args, opt = launch_server_args(sys.argv[1:])
 port, host = int(opt("--port")), opt("--host", "127.0.0.1")
 backend = opt("--mamba-backend")
 spec = "--speculative-algorithm" in args

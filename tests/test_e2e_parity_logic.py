@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from fake_procs import JSON_HANDLER_SOURCE, assert_all_stopped, fake_python
+from fake_procs import FAKE_SERVER_PRELUDE, assert_all_stopped, fake_python
 from script_loader import load_script
 
 e2e = load_script("e2e_parity")
@@ -216,14 +216,10 @@ def test_pick_port():
 # Whole script against a fake server
 # ----------------------------------------------------------------------------------------------
 
-FAKE_SERVER = JSON_HANDLER_SOURCE + r'''
+FAKE_SERVER = FAKE_SERVER_PRELUDE + r'''
 import json, os, subprocess, sys, threading, time
 
-argv = sys.argv[1:]
-assert argv[:2] == ["-m", "sglang.launch_server"], argv
-args = argv[2:]
-def opt(name, default=None):
-    return args[args.index(name) + 1] if name in args else default
+args, opt = launch_server_args(sys.argv[1:])
 port, host = int(opt("--port")), opt("--host", "127.0.0.1")
 backend = opt("--mamba-backend")
 spec = "--speculative-algorithm" in args

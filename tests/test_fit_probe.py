@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from fake_procs import JSON_HANDLER_SOURCE, assert_all_stopped, fake_python
+from fake_procs import FAKE_SERVER_PRELUDE, assert_all_stopped, fake_python
 from script_loader import load_script
 
 fp = load_script("fit_probe")
@@ -64,14 +64,10 @@ def test_upstream_rings_count_as_slot_bytes():
     assert r == {"fit_ratio_vs_upstream": 1.5}
 
 
-FAKE = JSON_HANDLER_SOURCE + r'''
+FAKE = FAKE_SERVER_PRELUDE + r'''
 import json, os, sys, threading, time
 
-args = sys.argv[1:]
-assert args[:2] == ["-m", "sglang.launch_server"], args
-args = args[2:]
-def opt(name, default=None):
-    return args[args.index(name) + 1] if name in args else default
+args, opt = launch_server_args(sys.argv[1:])
 assert "--disable-radix-cache" in args and "--speculative-algorithm" in args
 port, host = int(opt("--port")), opt("--host", "127.0.0.1")
 side = "ours" if opt("--mamba-backend") == "replayssm" else "stock"
