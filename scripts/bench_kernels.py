@@ -384,9 +384,6 @@ def m2_verify_bytes_baseline(B, NH, P, N, G, T, act=2):
 
 
 M2_SHAPES = (("super", 128, 64, 128, 8), ("nano9b", 128, 80, 128, 8))
-# Split decode plans timed by --sweep (configs.mamba2_decode_plan: split, flush BM, warps, stages):
-# flush rows in a launch of their own, with a tile that has no sub-tile loop.
-M2_DECODE_SWEEP = ((1, 32, 4, 2), (1, 16, 4, 2), (1, 16, 2, 2), (1, 32, 8, 2))
 
 
 def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES, sweep=False):
@@ -394,7 +391,7 @@ def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES, sweep=False):
     from sglang.kernels.ops.mamba.triton_ops.mamba_ssm import selective_state_update
 
     from replayssm_kernels import commit_prepare, decode_prepare
-    from replayssm_kernels.configs import override, ring_min_batch
+    from replayssm_kernels.configs import MAMBA2_DECODE_SWEEP, override, ring_min_batch
     from replayssm_kernels.mamba2 import (
         alloc_mamba2_rings,
         mamba2_replay_decode,
@@ -445,7 +442,7 @@ def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES, sweep=False):
             synced, staggered = snaps, staggered_snaps(Bsz, L, sets, dev)
             snaps = staggered
             row["decode_ours_staggered_us"] = time_graph(ours_decode, sets * L, reps)
-            for plan in (M2_DECODE_SWEEP if sweep else ()):
+            for plan in (MAMBA2_DECODE_SWEEP if sweep else ()):
                 key = "x".join(map(str, plan))
                 with override("mamba2_decode", plan):
                     for suffix, snaps in (("", synced), ("_staggered", staggered)):  # ours_decode reads `snaps`
@@ -519,11 +516,11 @@ def m2_correctness_check(sweep=False):
     """Quick on-GPU check before timing at the Nemotron-3-Super head shape: bit-exact committed
     state after every decode step and commit, outputs within the baseline's error (every decode
     plan that will be timed)."""
-    from replayssm_kernels.configs import override
+    from replayssm_kernels.configs import MAMBA2_DECODE_SWEEP, override
 
     t = _load_test_module("test_mamba2_kernels.py")
     t.test_mamba2_decode(4, 128, 64, 8, 128, 16, torch.bfloat16, False, False, 34)
-    for plan in (M2_DECODE_SWEEP if sweep else ()):
+    for plan in (MAMBA2_DECODE_SWEEP if sweep else ()):
         with override("mamba2_decode", plan):
             t.test_mamba2_decode(4, 128, 64, 8, 128, 16, torch.bfloat16, True, False, 34)
     t.test_mamba2_verify_commit(4, 128, 64, 8, 128, 16, 4, torch.bfloat16, False, False, 20)

@@ -56,7 +56,7 @@ step_install() { run bash scripts/device_e2e.sh install; }
 step_kernels() { run env OUT="$OUT/kernels" bash scripts/device_kernels.sh tests; }
 
 step_m2_sweep() {
-  # The Mamba-2 decode plans (default and the split plans of bench_kernels.M2_DECODE_SWEEP) at both
+  # The Mamba-2 decode plans (default and the split plans of configs.MAMBA2_DECODE_SWEEP) at both
   # Mamba-2 shapes, each checked bit-exact on the GPU first.
   run env OUT="$OUT/m2_sweep" BENCH_TIMEOUT=$(( $(left) - 15 )) \
     BENCH_ARGS="--family mamba2 --sweep --batches 1,256,512" bash scripts/device_kernels.sh bench

@@ -111,7 +111,8 @@ def gdn_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
 
 def mamba2_rows(NH=128, P=64, G=8, N=128, L=16):
     """The Mamba-2 decode kernel: the default one-launch tile and the split plans' launches
-    (`configs.mamba2_decode_plan`; the sweep list of `bench_kernels.py`)."""
+    (`configs.mamba2_decode_plan`; the plans of `configs.MAMBA2_DECODE_SWEEP`)."""
+    from replayssm_kernels.configs import MAMBA2_DECODE_SWEEP
     from replayssm_kernels.mamba2 import common, decode
 
     act = {n: "*bf16" for n in ("x", "dt", "Bm", "C", "z", "o", "ring_x", "ring_B", "ring_dt")}
@@ -123,7 +124,7 @@ def mamba2_rows(NH=128, P=64, G=8, N=128, L=16):
     rows = []
     default = common.tile_config("decode", P, N)
     plans = [("one launch", 0, default)]
-    for _split, bm, warps, stages in ((1, 32, 4, 2), (1, 16, 4, 2), (1, 16, 2, 2), (1, 32, 8, 2)):
+    for _split, bm, warps, stages in MAMBA2_DECODE_SWEEP:
         plans.append((f"split flush bm{bm} w{warps}", 1, common.make_tile(bm, bm, warps, stages, P, N)))
     plans.append(("split non-flush", 2, default))
     for what, mode, t in plans:

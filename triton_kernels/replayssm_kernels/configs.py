@@ -40,6 +40,7 @@ def _env_overrides() -> None:
 
 def describe() -> str:
     """One line per tunable: the launch plans and dispatch thresholds in effect."""
+    m2_plan = mamba2_decode_plan()
     return "\n".join([
         "gdn_decode=" + gdn_decode_config(128, 128).key(),
         "gdn_verify=" + "x".join(map(str, gdn_verify_config(128, 128, 4))),
@@ -47,8 +48,8 @@ def describe() -> str:
         f"gdn_ring_min_batch={ring_min_batch('gdn')} (below: SGLang's packed decode on folded checkpoints; "
         "a GDN server without speculative decoding that cannot run this many requests allocates no rings)",
         f"mamba2_ring_min_batch={ring_min_batch('mamba2')} (below: exact recurrence every step)",
-        "mamba2_decode=" + "x".join(map(str, mamba2_decode_plan()))
-        + (" (one launch, the tile table's decode tile)" if mamba2_decode_plan()[0] == 0
+        "mamba2_decode=" + "x".join(map(str, m2_plan))
+        + (" (one launch, the tile table's decode tile)" if m2_plan[0] == 0
            else " (flush rows in their own launch: split x BM x warps x stages)"),
     ])
 
@@ -135,6 +136,11 @@ def override(name: str, cfg: tuple):
 # step (the ring decode was faster than SGLang's SSU from batch 1). Switching is seamless: the
 # fold before a stock step, or a forced flush, brings every checkpoint up to date.
 _RING_MIN_BATCH = {"gdn": 256, "mamba2": 1}
+
+
+# The split plans that `bench_kernels.py --sweep` times and `kernel_regs.py` screens (not measured
+# yet; docs/perf.md).
+MAMBA2_DECODE_SWEEP = ((1, 32, 4, 2), (1, 16, 4, 2), (1, 16, 2, 2), (1, 32, 8, 2))
 
 
 def mamba2_decode_plan() -> tuple[int, int, int, int]:
