@@ -20,6 +20,7 @@ against a device-to-device copy measured in the same run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -391,7 +392,7 @@ def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES, sweep=False):
     from sglang.kernels.ops.mamba.triton_ops.mamba_ssm import selective_state_update
 
     from replayssm_kernels import commit_prepare, decode_prepare
-    from replayssm_kernels.configs import MAMBA2_DECODE_SWEEP, override, ring_min_batch
+    from replayssm_kernels.configs import MAMBA2_DECODE_SWEEP, MAMBA2_TILE_SWEEP, override, ring_min_batch
     from replayssm_kernels.mamba2 import (
         alloc_mamba2_rings,
         mamba2_replay_decode,
@@ -442,11 +443,12 @@ def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES, sweep=False):
             synced, staggered = snaps, staggered_snaps(Bsz, L, sets, dev)
             snaps = staggered
             row["decode_ours_staggered_us"] = time_graph(ours_decode, sets * L, reps)
-            for plan in (MAMBA2_DECODE_SWEEP if sweep else ()):
-                key = "x".join(map(str, plan))
-                with override("mamba2_decode", plan):
+            for name, plan in (m2_decode_plans() if sweep else ()):
+                with contextlib.ExitStack() as stack:
+                    for what, cfg in plan:
+                        stack.enter_context(override(what, cfg))
                     for suffix, snaps in (("", synced), ("_staggered", staggered)):  # ours_decode reads `snaps`
-                        row[f"decode_ours_{key}{suffix}_us"] = time_graph(ours_decode, sets * L, reps)
+                        row[f"decode_ours_{name}{suffix}_us"] = time_graph(ours_decode, sets * L, reps)
             exact = [(torch.zeros(Bsz, dtype=torch.int32, device=dev), torch.ones(Bsz, dtype=torch.int32, device=dev))
                      for _ in range(sets)]
 
@@ -503,6 +505,9 @@ def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES, sweep=False):
                         commit_prepare(slots[i], wpos, origin, accs[t], L, T, row_nfold=nf, row_origin=no)
                         mamba2_replay_fold(state[None], rings_all, A[None], dt_bias[None], slots[i], nf, no)
             row["spec_ours_us"] = time_graph(ours_spec, sets * n_steps, reps)
+            for tile in (MAMBA2_TILE_SWEEP if sweep else ()):
+                with override("mamba2_verify_tile", tile):
+                    row[f"spec_ours_t{'x'.join(map(str, tile))}_us"] = time_graph(ours_spec, sets * n_steps, reps)
             del rings, rings_all, state
             torch.cuda.empty_cache()
             row["decode_bytes_ssu"] = m2_decode_bytes_baseline(Bsz, NH, P, N, G)
@@ -512,18 +517,38 @@ def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES, sweep=False):
             print(json.dumps(row), flush=True)
 
 
+def m2_decode_plans():
+    """(key, [(override name, plan), ...]) of the Mamba-2 decode plans the sweep times besides the
+    default: the split plans, the chunked tiles, and the first split plan with each chunked tile."""
+    from replayssm_kernels.configs import MAMBA2_DECODE_SWEEP, MAMBA2_TILE_SWEEP
+
+    plans = [("x".join(map(str, p)), [("mamba2_decode", p)]) for p in MAMBA2_DECODE_SWEEP]
+    for t in MAMBA2_TILE_SWEEP:
+        key = "t" + "x".join(map(str, t))
+        plans.append((key, [("mamba2_decode_tile", t)]))
+        plans.append(("x".join(map(str, MAMBA2_DECODE_SWEEP[1])) + "_" + key,
+                      [("mamba2_decode", MAMBA2_DECODE_SWEEP[1]), ("mamba2_decode_tile", t)]))
+    return plans
+
+
 def m2_correctness_check(sweep=False):
-    """Quick on-GPU check before timing at the Nemotron-3-Super head shape: bit-exact committed
-    state after every decode step and commit, outputs within the baseline's error (every decode
-    plan that will be timed)."""
-    from replayssm_kernels.configs import MAMBA2_DECODE_SWEEP, override
+    """Quick on-GPU check before timing, at both Mamba-2 head shapes (Nemotron-3-Super P=64,
+    Nemotron-Nano P=80): bit-exact committed state after every decode step and commit, outputs
+    within the baseline's error, for every decode plan and verify tile that will be timed."""
+    from replayssm_kernels.configs import MAMBA2_TILE_SWEEP, override
 
     t = _load_test_module("test_mamba2_kernels.py")
-    t.test_mamba2_decode(4, 128, 64, 8, 128, 16, torch.bfloat16, False, False, 34)
-    for plan in (MAMBA2_DECODE_SWEEP if sweep else ()):
-        with override("mamba2_decode", plan):
-            t.test_mamba2_decode(4, 128, 64, 8, 128, 16, torch.bfloat16, True, False, 34)
-    t.test_mamba2_verify_commit(4, 128, 64, 8, 128, 16, 4, torch.bfloat16, False, False, 20)
+    for P in (64, 80):
+        t.test_mamba2_decode(4, 128, P, 8, 128, 16, torch.bfloat16, False, False, 34)
+        for _, plan in (m2_decode_plans() if sweep else ()):
+            with contextlib.ExitStack() as stack:
+                for what, cfg in plan:
+                    stack.enter_context(override(what, cfg))
+                t.test_mamba2_decode(4, 128, P, 8, 128, 16, torch.bfloat16, True, False, 34)
+        t.test_mamba2_verify_commit(4, 128, P, 8, 128, 16, 4, torch.bfloat16, False, False, 20)
+        for tile in (MAMBA2_TILE_SWEEP if sweep else ()):
+            with override("mamba2_verify_tile", tile):
+                t.test_mamba2_verify_commit(4, 128, P, 8, 128, 16, 4, torch.bfloat16, True, False, 20)
 
 
 def _load_test_module(name):

@@ -7,7 +7,8 @@
 # Steps (carry in brackets; the first call on a fresh machine must carry .whl, the next .whl2):
 #   install        SGLang wheels into /tmp/site                          [.whl] then [.whl2]
 #   kernels        GDN + Mamba-2 kernel tests on the GPU                  [.whl]
-#   m2_sweep       Mamba-2 decode plans (the split plans) vs SGLang's SSU, kernel benchmark  [.whl]
+#   m2_sweep       Mamba-2 decode plans (split plans, chunked tiles) and verify tiles vs SGLang's
+#                  SSU paths, kernel benchmark  [.whl]
 #   e2e320         Nemotron-H + NEXTN parity at 320 running requests      [.whl2 .tiny]
 #   e2e_prefix     prefix-cache / scheduler parity cases (:radix :nobuffer :retract :mixed)  [.tiny]
 #   spec_c1        GDN spec at concurrency 1, 16 requests a case: ours then stock, then stock then
@@ -56,8 +57,9 @@ step_install() { run bash scripts/device_e2e.sh install; }
 step_kernels() { run env OUT="$OUT/kernels" bash scripts/device_kernels.sh tests; }
 
 step_m2_sweep() {
-  # The Mamba-2 decode plans (default and the split plans of configs.MAMBA2_DECODE_SWEEP) at both
-  # Mamba-2 shapes, each checked bit-exact on the GPU first.
+  # The Mamba-2 decode plans (default, the split plans of configs.MAMBA2_DECODE_SWEEP, the chunked
+  # tiles of configs.MAMBA2_TILE_SWEEP) and verify tiles at both Mamba-2 shapes, each checked
+  # bit-exact on the GPU first.
   run env OUT="$OUT/m2_sweep" BENCH_TIMEOUT=$(( $(left) - 15 )) \
     BENCH_ARGS="--family mamba2 --sweep --batches 1,256,512" bash scripts/device_kernels.sh bench
 }

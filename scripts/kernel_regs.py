@@ -109,17 +109,18 @@ def gdn_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
     return rows
 
 
-def mamba2_rows(NH=128, P=64, G=8, N=128, L=16):
-    """The Mamba-2 decode kernel: the default one-launch tile and the split plans' launches
-    (`configs.mamba2_decode_plan`; the plans of `configs.MAMBA2_DECODE_SWEEP`)."""
-    from replayssm_kernels.configs import MAMBA2_DECODE_SWEEP
-    from replayssm_kernels.mamba2 import common, decode
+def mamba2_rows(NH=128, P=64, G=8, N=128, L=16, T=4):
+    """The Mamba-2 decode kernel: the default one-launch tile, the split plans' launches
+    (`configs.mamba2_decode_plan`; the plans of `configs.MAMBA2_DECODE_SWEEP`) and the chunked tiles
+    (`configs.MAMBA2_TILE_SWEEP`); the verify kernel with the default and the chunked tiles."""
+    from replayssm_kernels.configs import MAMBA2_DECODE_SWEEP, MAMBA2_TILE_SWEEP
+    from replayssm_kernels.mamba2 import common, decode, verify
 
     act = {n: "*bf16" for n in ("x", "dt", "Bm", "C", "z", "o", "ring_x", "ring_B", "ring_dt")}
     f32 = {n: "*fp32" for n in ("A", "D", "dt_bias", "state")}
-    i32 = {n: "*i32" for n in ("slot_idx", "row_wp", "row_flush", "origin")}
+    i32 = {n: "*i32" for n in ("slot_idx", "row_wp", "row_flush", "origin", "wpos")}
     ptrs = {**act, **f32, **i32}
-    head = dict(NH=NH, P=P, G=G, N=N, RL=L, RLB=triton.next_power_of_2(L), HAS_Z=True, UNROLL=common.REPLAY_UNROLL)
+    head = dict(NH=NH, P=P, G=G, N=N, RL=L, RLB=triton.next_power_of_2(L), HAS_Z=True)
     kern = decode._mamba2_decode_kernel
     rows = []
     default = common.tile_config("decode", P, N)
@@ -127,9 +128,17 @@ def mamba2_rows(NH=128, P=64, G=8, N=128, L=16):
     for _split, bm, warps, stages in MAMBA2_DECODE_SWEEP:
         plans.append((f"split flush bm{bm} w{warps}", 1, common.make_tile(bm, bm, warps, stages, P, N)))
     plans.append(("split non-flush", 2, default))
+    chunked = [common.chunked_tile(bm, nc, default.BMF, w, default.num_stages, P, N) for bm, nc, w in MAMBA2_TILE_SWEEP]
+    plans += [("chunked", 0, t) for t in chunked]
     for what, mode, t in plans:
-        c = dict(head, BM=t.BM, BMF=t.BMF, BN=t.BN, MODE=mode)
-        rows.append((f"decode {what} (BM {t.BM}, BMF {t.BMF}, w{t.num_warps})",
+        c = dict(head, UNROLL=common.REPLAY_UNROLL, BM=t.BM, BMF=t.BMF, BN=t.BN, MODE=mode, NC=t.NC)
+        rows.append((f"decode {what} (BM {t.BM} x {t.NC}, BMF {t.BMF}, w{t.num_warps})",
+                     *ptxas_report(kern, signature(kern, ptrs, c), c, t.num_warps, t.num_stages)))
+    kern = verify._mamba2_verify_kernel
+    vdef = common.tile_config("verify", P, N)
+    for t in [vdef] + [common.chunked_tile(bm, nc, vdef.BMF, w, vdef.num_stages, P, N) for bm, nc, w in MAMBA2_TILE_SWEEP]:
+        c = dict(head, BM=t.BM, BN=t.BN, BT=triton.next_power_of_2(T), NC=t.NC)
+        rows.append((f"verify T={T} (BM {t.BM} x {t.NC}, w{t.num_warps})",
                      *ptxas_report(kern, signature(kern, ptrs, c), c, t.num_warps, t.num_stages)))
     return rows
 
@@ -140,11 +149,12 @@ def main():
     print("|---|---:|---:|---:|")
     for name, regs, st, ld in gdn_rows():
         print(f"| {name} | {regs} | {st} | {ld} |", flush=True)
-    print(f"\n| kernel (Mamba-2, NH=128, P=64, G=8, N=128, L=16; sm_90, triton {triton.__version__}) "
-          "| registers | spill stores (B) | spill loads (B) |")
-    print("|---|---:|---:|---:|")
-    for name, regs, st, ld in mamba2_rows():
-        print(f"| {name} | {regs} | {st} | {ld} |", flush=True)
+    for P in (64, 80):
+        print(f"\n| kernel (Mamba-2, NH=128, P={P}, G=8, N=128, L=16; sm_90, triton {triton.__version__}) "
+              "| registers | spill stores (B) | spill loads (B) |")
+        print("|---|---:|---:|---:|")
+        for name, regs, st, ld in mamba2_rows(P=P):
+            print(f"| {name} | {regs} | {st} | {ld} |", flush=True)
 
 
 if __name__ == "__main__":

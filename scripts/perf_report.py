@@ -121,32 +121,43 @@ def m2_tables(rows, copy_gbps):
     return out
 
 
-_M2_PLAN_RE = re.compile(r"^decode_ours_(\d+x\d+x\d+x\d+)_us$")
+_M2_PLAN_RE = re.compile(r"^decode_ours_((?:\d+x\d+x\d+x\d+)?(?:_?t\d+x\d+x\d+)?)_us$")
+_M2_VERIFY_RE = re.compile(r"^spec_ours_(t\d+x\d+x\d+)_us$")
 
 
 def m2_plan_tables(rows):
-    """The Mamba-2 decode plans timed by `bench_kernels.py --sweep` (keys
-    `decode_ours_<plan>_us` / `..._staggered_us`) next to the default plan, per shape and batch."""
+    """The Mamba-2 plans timed by `bench_kernels.py --sweep`, one table per shape with a line per plan
+    and a column pair per batch: decode plans (keys `decode_ours_<plan>_us` / `..._staggered_us`;
+    `S x BM x W x ST` = split plan, `tBM x NC x W` = chunked tile, both joined by `_`) against
+    SGLang's SSU, and verify tiles (`spec_ours_t<tile>_us`) against SGLang's verify + scatter."""
     out = []
     for shape in dict.fromkeys(r["shape"] for r in rows if r["family"] == "mamba2"):
         sub = [r for r in rows if r["family"] == "mamba2" and r["shape"] == shape]
         plans = list(dict.fromkeys(m.group(1) for r in sub for k in r for m in [_M2_PLAN_RE.match(k)] if m))
-        if not plans:
-            continue
-        out.append(f"\n**Mamba-2 {shape}: decode plans vs SGLang's SSU** (synchronised / staggered; "
-                   "`mamba2_decode=split x BM x warps x stages`)\n")
-        out.append("| batch | SSU (us) | default (us) | default vs SSU | "
-                   + " | ".join(f"`{p}` (us) | `{p}` vs SSU" for p in plans) + " |")
-        out.append("|---:" * (4 + 2 * len(plans)) + "|")
-        for r in sub:
-            ssu = r["decode_ssu_us"]
-            cells = [str(r["B"]), _us(ssu),
-                     f"{_us(r['decode_ours_us'])} / {_us(r.get('decode_ours_staggered_us'))}",
-                     f"{_x(ssu, r['decode_ours_us'])} / {_x(ssu, r.get('decode_ours_staggered_us'))}"]
-            for p in plans:
-                a, b = r.get(f"decode_ours_{p}_us"), r.get(f"decode_ours_{p}_staggered_us")
-                cells += [f"{_us(a)} / {_us(b)}", f"{_x(ssu, a)} / {_x(ssu, b)}"]
-            out.append("| " + " | ".join(cells) + " |")
+        tiles = list(dict.fromkeys(m.group(1) for r in sub for k in r for m in [_M2_VERIFY_RE.match(k)] if m))
+        head = "| plan | " + " | ".join(f"B={r['B']} (us) | B={r['B']} vs stock" for r in sub) + " |"
+        rule = "|---" + "|---:" * (2 * len(sub)) + "|"
+        if plans:
+            out.append(f"\n**Mamba-2 {shape}: decode plans vs SGLang's SSU** (synchronised / staggered; "
+                       "`split x BM x warps x stages`, `t` = chunked tile `BM x chunks x warps`)\n")
+            out += [head, rule, "| SSU | " + " | ".join(f"{_us(r['decode_ssu_us'])} | 1.00x" for r in sub) + " |"]
+            for p in [None] + plans:
+                cells = []
+                for r in sub:
+                    k = "decode_ours" + (f"_{p}" if p else "")
+                    a, b = r.get(f"{k}_us"), r.get(f"{k}_staggered_us")
+                    ssu = r["decode_ssu_us"]
+                    cells += [f"{_us(a)} / {_us(b)}", f"{_x(ssu, a)} / {_x(ssu, b)}"]
+                out.append(f"| {'default' if p is None else '`' + p + '`'} | " + " | ".join(cells) + " |")
+        if tiles:
+            out.append(f"\n**Mamba-2 {shape}: verify tiles, verify + commit at T=4 vs SGLang's verify + scatter**\n")
+            out += [head, rule, "| stock | " + " | ".join(f"{_us(r.get('spec_stock_us'))} | 1.00x" for r in sub) + " |"]
+            for t in [None] + tiles:
+                cells = []
+                for r in sub:
+                    a = r.get("spec_ours_us" if t is None else f"spec_ours_{t}_us")
+                    cells += [_us(a), _x(r.get("spec_stock_us"), a)]
+                out.append(f"| {'default' if t is None else '`' + t + '`'} | " + " | ".join(cells) + " |")
     return out
 
 

@@ -171,6 +171,33 @@ def test_mamba2_decode_split_plans(plan, case):
     assert mamba2_decode_plan() == (0, 0, 0, 0)
 
 
+CHUNKED_DECODE = [
+    # (BM, NC, warps), case: NC is capped at the chunks P needs; a program's last chunk may be
+    # partly (P20: rows 16..23) or wholly (P80 with 32-row programs: rows 96..111) past P.
+    pytest.param((8, 8, 1), (2, 2, 20, 2, 16, 16, bf16, True, False, 36), None, id="bm8-nc3-P20-N16-L16-z"),
+    pytest.param((16, 8, 4), (2, 2, 80, 1, 128, 4, bf16, True, False, 9), None, id="bm16-nc5-P80-N128-z"),
+    pytest.param((16, 2, 4), (2, 2, 80, 1, 128, 8, fp32, False, True, 19), None, id="bm16-nc2-P80-N128-L8-fp32-hot"),
+    pytest.param((16, 8, 4), (2, 2, 80, 1, 128, 4, bf16, True, False, 9), (1, 16, 4, 2),
+                 id="bm16-nc5-P80-N128-z-split-flush"),
+]
+
+
+@pytest.mark.parametrize("tile,case,split", CHUNKED_DECODE)
+def test_mamba2_decode_chunked_tiles(tile, case, split):
+    """Programs of several P-chunks (`configs.mamba2_tile`, e.g. one program per P=80 head as 5 x 16
+    rows): every guarantee of the one-chunk tile holds (state and flush outputs bit-exact,
+    non-flush rows never write, outputs within the baseline's error)."""
+    from replayssm_kernels.configs import override
+
+    P, N = case[2], case[4]
+    with override("mamba2_decode_tile", tile), (override("mamba2_decode", split) if split
+                                                else contextlib.nullcontext()):
+        cfg = tile_config("decode", P, N)
+        assert (cfg.BM, cfg.num_warps) == (tile[0], tile[2]) and cfg.NC == min(tile[1], -(-P // tile[0]))
+        test_mamba2_decode(*case)
+    assert tile_config("decode", P, N).NC == 1
+
+
 VERIFY_CASES = [
     # B, NH, P, G, N, L, T_max, dtype, has_z, hot, steps
     pytest.param(3, 4, 16, 2, 16, 1, 1, bf16, True, False, 5, id="B3-NH4-G2-L1-T1-bf16-z"),
@@ -179,6 +206,11 @@ VERIFY_CASES = [
     pytest.param(2, 4, 20, 2, 24, 5, 3, fp32, True, False, 10, id="B2-NH4-P20-G2-N24-L5-T3-fp32-z"),
     pytest.param(2, 2, 16, 2, 16, 12, 4, fp32, False, False, 16, id="B2-NH2-G2-L12-T4-fp32"),
     pytest.param(2, 2, 16, 1, 128, 8, 4, bf16, True, False, 8, id="B2-NH2-N128-L8-T4-bf16-z"),
+]
+CHUNKED_VERIFY = [
+    pytest.param((8, 8, 1), (2, 4, 20, 2, 16, 16, 4, bf16, True, False, 20), id="bm8-nc3-P20-L16-T4-z"),
+    pytest.param((16, 8, 4), (2, 2, 80, 1, 128, 8, 4, bf16, True, False, 8), id="bm16-nc5-P80-N128-T4-z"),
+    pytest.param((16, 2, 4), (2, 2, 80, 2, 128, 8, 3, fp32, False, False, 12), id="bm16-nc2-P80-N128-T3-fp32"),
 ]
 
 
@@ -228,6 +260,18 @@ def test_mamba2_verify_commit(B, NH, P, G, N, L, T_max, dtype, has_z, hot, steps
     assert folds >= 2 * B if L > 1 else folds == B * steps, f"the run must fold several times, got {folds}"
     pool = h.checkpoint_pool()
     assert not pool[0].any() and not pool[-1].any(), "spare slots were written"
+
+
+@pytest.mark.parametrize("tile,case", CHUNKED_VERIFY)
+def test_mamba2_verify_chunked_tiles(tile, case):
+    """The verify with several P-chunks per program: outputs within the baseline's error, the
+    checkpoint untouched, the committed state bit-exact after every commit."""
+    from replayssm_kernels.configs import override
+
+    P, N = case[2], case[4]
+    with override("mamba2_verify_tile", tile):
+        assert tile_config("verify", P, N).NC == min(tile[1], -(-P // tile[0]))
+        test_mamba2_verify_commit(*case)
 
 
 def test_mamba2_partial_fold_rotates_origin():

@@ -20,12 +20,26 @@ def test_mamba2_plan_table(tmp_path):
            "decode_ssu_us": 720.0, "decode_ours_us": 331.8, "decode_ours_staggered_us": 344.5,
            "decode_ours_1x16x4x2_us": 300.0, "decode_ours_1x16x4x2_staggered_us": 320.0,
            "decode_ours_1x32x8x2_us": 360.0, "decode_ours_1x32x8x2_staggered_us": float("nan"),
-           "decode_bytes_ours": 1.0, "decode_bytes_ssu": 1.0, "spec_ours_us": 1.0}
+           "decode_ours_t16x8x4_us": 288.0, "decode_ours_t16x8x4_staggered_us": 300.0,
+           "decode_ours_1x16x4x2_t16x8x4_us": 240.0, "decode_ours_1x16x4x2_t16x8x4_staggered_us": 250.0,
+           "decode_bytes_ours": 1.0, "decode_bytes_ssu": 1.0, "spec_ours_us": 800.0, "spec_stock_us": 2800.0,
+           "spec_ours_t16x8x4_us": 700.0}
+    row1 = {k: v for k, v in row.items() if "1x16x4x2" not in k}
+    row1.update(B=1, decode_ssu_us=6.5, decode_ours_us=5.9, decode_ours_staggered_us=5.9)
     path = tmp_path / "bench.log"
-    path.write_text('{"gpu": "x"}\n' + json.dumps(row) + "\n")
+    path.write_text('{"gpu": "x"}\n' + json.dumps(row1) + "\n" + json.dumps(row) + "\n")
     lines = pr.m2_plan_tables(pr.load_rows(path))
-    assert "`1x16x4x2` (us)" in lines[1] and "`1x32x8x2` vs SSU" in lines[1]
-    body = lines[-1].split(" | ")
-    assert body[2] == "331.8 / 344.5" and body[3] == "2.17x / 2.09x"
-    assert body[4] == "300.0 / 320.0" and body[5] == "2.40x / 2.25x"
-    assert body[7].rstrip(" |") == "2.00x / -"  # a plan whose staggered time is missing
+    assert "B=1 (us) | B=1 vs stock | B=256 (us) | B=256 vs stock" in lines[1]
+
+    def line(label, start):
+        return next(ln for ln in lines[start:] if ln.startswith(f"| {label} |")).strip("| ").split(" | ")
+
+    assert line("default", 0)[3:5] == ["331.8 / 344.5", "2.17x / 2.09x"]
+    assert line("`1x16x4x2`", 0)[3:5] == ["300.0 / 320.0", "2.40x / 2.25x"]
+    assert line("`1x32x8x2`", 0)[4] == "2.00x / -"  # a plan whose staggered time is missing
+    assert line("`1x16x4x2`", 0)[1:3] == ["- / -", "- / -"]  # not timed at batch 1
+    assert line("`t16x8x4`", 0)[3:5] == ["288.0 / 300.0", "2.50x / 2.40x"]
+    assert line("`1x16x4x2_t16x8x4`", 0)[4] == "3.00x / 2.88x"
+    v = next(i for i, ln in enumerate(lines) if "verify tiles" in ln)
+    assert line("default", v)[3:5] == ["800.0", "3.50x"] and line("`t16x8x4`", v)[3:5] == ["700.0", "4.00x"]
+    assert "`1x16x4x2`" not in "\n".join(lines[v:])

@@ -17,7 +17,8 @@ _OVERRIDES: dict[str, tuple[int, int, int]] = {}
 
 # name -> accepted numbers of `x`-separated integers
 _OVERRIDE_ARITY = {"gdn_decode": (7,), "gdn_verify": (3, 4), "gdn_fold_cols": (1,), "gdn_ring_min_batch": (1,),
-                   "mamba2_ring_min_batch": (1,), "mamba2_decode": (4,)}
+                   "mamba2_ring_min_batch": (1,), "mamba2_decode": (4,),
+                   "mamba2_decode_tile": (3,), "mamba2_verify_tile": (3,)}
 
 
 def _env_overrides() -> None:
@@ -51,6 +52,9 @@ def describe() -> str:
         "mamba2_decode=" + "x".join(map(str, m2_plan))
         + (" (one launch, the tile table's decode tile)" if m2_plan[0] == 0
            else " (flush rows in their own launch: split x BM x warps x stages)"),
+        *(f"mamba2_{k}_tile=" + ("x".join(map(str, mamba2_tile(k, 80, 128) or ())) or "table")
+          + " (BM x chunks x warps at P=80, N=128; table = mamba2/common.py's one-chunk tile)"
+          for k in ("decode", "verify")),
     ])
 
 
@@ -153,6 +157,21 @@ def mamba2_decode_plan() -> tuple[int, int, int, int]:
     if "mamba2_decode" in _OVERRIDES:
         return tuple(int(x) for x in _OVERRIDES["mamba2_decode"])  # type: ignore[return-value]
     return (0, 0, 0, 0)
+
+
+# Chunked Mamba-2 tiles (BM x NC x warps: a program covers NC chunks of BM rows of P) that
+# `bench_kernels.py --sweep` times for the decode and the verify at both Mamba-2 shapes. NC is
+# capped at the chunks P needs, so (16, 8, w) is one program per head at P = 64 and P = 80.
+MAMBA2_TILE_SWEEP = ((16, 8, 4), (16, 8, 2), (32, 4, 4), (16, 8, 8))
+
+
+def mamba2_tile(kernel: str, P: int, N: int):
+    """(BM, NC, num_warps) of the Mamba-2 decode / verify program, or None for the one-chunk tile
+    of `mamba2/common.py`'s table (the default: measured in docs/perf.md run 3)."""
+    name = f"mamba2_{kernel}_tile"
+    if name in _OVERRIDES:
+        return tuple(int(x) for x in _OVERRIDES[name])
+    return None
 
 
 def ring_min_batch(family: str) -> int:

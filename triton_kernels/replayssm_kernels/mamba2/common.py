@@ -134,6 +134,11 @@ class TileConfig:
     BN: int
     num_warps: int
     num_stages: int
+    NC: int = 1  # P-chunks of BM rows per program (decode and verify): a program covers BM * NC rows
+
+    @property
+    def rows(self) -> int:
+        return self.BM * self.NC
 
     @property
     def launch(self) -> dict:
@@ -141,11 +146,18 @@ class TileConfig:
 
 
 def tile_config(kernel: str, P: int, N: int) -> TileConfig:
-    """Tile of one program (`BM` rows of P, all `BN = next_pow2(N)` columns) and launch options."""
+    """Tile of one program (`BM` rows of P, all `BN = next_pow2(N)` columns) and launch options;
+    `NC` chunks of such tiles per program where a plan asks for it (`configs.mamba2_tile`)."""
+    from ..configs import mamba2_tile
+
+    plan = mamba2_tile(kernel, P, N) if kernel in ("decode", "verify") else None
     BN = triton.next_power_of_2(N)
     for max_bn, BM, BMF, warps, stages in _TILE_TABLE[kernel]:
         if BN <= max_bn:
             break
+    if plan is not None:
+        bm, nc, warps = plan
+        return chunked_tile(bm, nc, BMF, warps, stages, P, N)
     return make_tile(BM, BMF, warps, stages, P, N)
 
 
@@ -159,3 +171,16 @@ def make_tile(BM: int, BMF: int, warps: int, stages: int, P: int, N: int) -> Til
         BM //= 2
     BMF = min(BM, max(BMF, min_bm))
     return TileConfig(BM=BM, BMF=BMF, BN=BN, num_warps=warps, num_stages=stages)
+
+
+def chunked_tile(BM: int, NC: int, BMF: int, warps: int, stages: int, P: int, N: int) -> TileConfig:
+    """A program of `NC` chunks of `BM` rows (power of two, at least 4 fp32 per thread), for heads whose
+    P is not a power of two: P = 80 as 5 x 16 rows is one program per head with no padded rows and
+    one pass over the ring's B . C per head instead of one per 32-row tile. `NC` is capped at the
+    chunks P needs."""
+    BN = triton.next_power_of_2(N)
+    min_bm = max(1, (4 * 32 * warps) // BN)
+    if BM < min_bm or BM & (BM - 1):
+        raise ValueError(f"Mamba-2 tile: BM={BM} must be a power of two >= {min_bm} for {warps} warps and N={N}")
+    NC = max(1, min(NC, triton.cdiv(P, BM)))
+    return TileConfig(BM=BM, BMF=min(BM, max(BMF, min_bm)), BN=BN, num_warps=warps, num_stages=stages, NC=NC)

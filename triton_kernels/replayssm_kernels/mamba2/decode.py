@@ -15,7 +15,7 @@ A non-flush row never writes the state; it appends the raw (x, B, dt) at logical
 (x by every program for its P-block, dt by P-block 0, B by the first head of the group in P-block 0).
 A flush row replays the pending raw entries and then the token with the baseline's exact
 expressions (`common.py`), reads the output like the baseline, and stores the state.
-Grid: `(B * NH * cdiv(P, BM),)`, one `[BM, BN]` state tile per program. With a split plan
+Grid: `(B * NH * cdiv(P, BM * NC),)`, `NC` (usually 1) `[BM, BN]` state tiles per program. With a split plan
 (`configs.mamba2_decode_plan`) the flush rows run first in a launch with their own tile, then the
 non-flush rows; the two launches touch disjoint rows.
 """
@@ -51,9 +51,9 @@ def _mamba2_decode_kernel(
     stride_state_slot, stride_rx_slot, stride_rB_slot, stride_rdt_slot,
     NH: tl.constexpr, P: tl.constexpr, G: tl.constexpr, N: tl.constexpr,
     BM: tl.constexpr, BMF: tl.constexpr, BN: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
-    HAS_Z: tl.constexpr, UNROLL: tl.constexpr, MODE: tl.constexpr = 0,
+    HAS_Z: tl.constexpr, UNROLL: tl.constexpr, MODE: tl.constexpr = 0, NC: tl.constexpr = 1,
 ):
-    NP = (P + BM - 1) // BM
+    NP = (P + BM * NC - 1) // (BM * NC)
     i_m, i_nh = tl.program_id(0) % NP, tl.program_id(0) // NP
     i_n, i_h = i_nh // NH, i_nh % NH
     i_g = i_h // (NH // G)
@@ -97,39 +97,34 @@ def _mamba2_decode_kernel(
         # Exact replay of the pending raw entries, then of this token, then the baseline's
         # readout; in sub-tiles of BMF rows so that this branch does not set the register budget
         # of the (much more frequent) non-flush branch.
-        for i_f in range(0, BM, BMF):
-            o_f = i_m * BM + i_f + tl.arange(0, BMF)
-            mask_f = o_f < P
-            mask_fs = mask_f[:, None] & mask_n[None, :]
-            p_sf = p_s + o_f[:, None] * N + o_n[None, :]
-            b_s = tl.load(p_sf, mask=mask_fs, other=0).to(tl.float32)
-            b_s = mamba2_replay(b_s, p_rx, p_rB, p_rdt, o_f, o_n, mask_f, mask_n, org, 0, wp, b_A, b_bias,
-                                P, N, RL, UNROLL)
-            b_x = tl.load(p_x + o_f, mask=mask_f, other=0).to(tl.float32)
-            if HAS_Z:
-                b_z = tl.load(p_z + o_f, mask=mask_f, other=0).to(tl.float32)
-            else:
-                b_z = b_x
-            b_s = mamba2_exact_step(b_s, b_x, b_B, b_dt, b_A)
-            b_y = mamba2_exact_output(b_s, b_C, b_x, b_D, b_z, HAS_Z)
-            tl.store(p_o + o_f, b_y.to(p_o.dtype.element_ty), mask=mask_f)
-            tl.store(p_sf, b_s.to(p_sf.dtype.element_ty), mask=mask_fs)
+        for c in tl.static_range(NC):
+            for i_f in range(0, BM, BMF):
+                o_f = i_m * (BM * NC) + c * BM + i_f + tl.arange(0, BMF)
+                mask_f = o_f < P
+                mask_fs = mask_f[:, None] & mask_n[None, :]
+                p_sf = p_s + o_f[:, None] * N + o_n[None, :]
+                b_s = tl.load(p_sf, mask=mask_fs, other=0).to(tl.float32)
+                b_s = mamba2_replay(b_s, p_rx, p_rB, p_rdt, o_f, o_n, mask_f, mask_n, org, 0, wp, b_A, b_bias,
+                                    P, N, RL, UNROLL)
+                b_x = tl.load(p_x + o_f, mask=mask_f, other=0).to(tl.float32)
+                if HAS_Z:
+                    b_z = tl.load(p_z + o_f, mask=mask_f, other=0).to(tl.float32)
+                else:
+                    b_z = b_x
+                b_s = mamba2_exact_step(b_s, b_x, b_B, b_dt, b_A)
+                b_y = mamba2_exact_output(b_s, b_C, b_x, b_D, b_z, HAS_Z)
+                tl.store(p_o + o_f, b_y.to(p_o.dtype.element_ty), mask=mask_f)
+                tl.store(p_sf, b_s.to(p_sf.dtype.element_ty), mask=mask_fs)
     else:
-        o_m = i_m * BM + tl.arange(0, BM)
-        mask_m = o_m < P
-        b_s = tl.load(p_s + o_m[:, None] * N + o_n[None, :], mask=mask_m[:, None] & mask_n[None, :], other=0,
-                      eviction_policy="evict_first").to(tl.float32)
-        b_x_raw = tl.load(p_x + o_m, mask=mask_m, other=0)
-        b_x = b_x_raw.to(tl.float32)
+        # Ring coefficients once per program (they do not depend on the P row), then the
+        # program's NC chunks of BM rows; the next chunk's checkpoint tile is loaded before this
+        # chunk's arithmetic.
         o_j = tl.arange(0, RLB)
         m_j = o_j < wp
         phys_j = (org + o_j) % RL
         b_rdt = tl.load(p_rdt + phys_j, mask=m_j, other=0)
         b_rB = tl.load(
             p_rB + phys_j[:, None] * N + o_n[None, :], mask=m_j[:, None] & mask_n[None, :], other=0,
-        ).to(tl.float32)
-        b_rx = tl.load(
-            p_rx + phys_j[:, None] * P + o_m[None, :], mask=m_j[:, None] & mask_m[None, :], other=0,
         ).to(tl.float32)
         b_rdt = tl.where(m_j, mamba2_dt(b_rdt, b_bias), 0.0)
         b_ra = b_rdt * b_A
@@ -139,16 +134,35 @@ def _mamba2_decode_kernel(
         b_suffix = tl.cumsum(b_ra, 0, reverse=True) - b_ra + b_a
         b_w = tl.where(m_j, b_rdt * tl.exp(b_suffix), 0.0)
         b_dec = tl.exp(tl.sum(b_ra, 0) + b_a)
-        b_bc = tl.sum(b_rB * b_C[None, :], 1)
-        b_sc = tl.sum(b_s * b_C[None, :], 1)
-        b_hist = tl.sum(b_rx * (b_w * b_bc)[:, None], 0)
-        b_y = b_dec * b_sc + b_hist + (b_dt * tl.sum(b_B * b_C, 0)) * b_x + b_x * b_D
-        if HAS_Z:
-            b_y = mamba2_gate(b_y, tl.load(p_z + o_m, mask=mask_m, other=0).to(tl.float32), HAS_Z)
-        tl.store(p_o + o_m, b_y.to(p_o.dtype.element_ty), mask=mask_m)
-        # Append this token at logical position wp.
+        b_wbc = b_w * tl.sum(b_rB * b_C[None, :], 1)
+        b_cur = b_dt * tl.sum(b_B * b_C, 0)
         phys = (org + wp) % RL
-        tl.store(p_rx + phys * P + o_m, b_x_raw, mask=mask_m)
+        o_m = i_m * (BM * NC) + tl.arange(0, BM)
+        b_s = tl.load(p_s + o_m[:, None] * N + o_n[None, :], mask=(o_m < P)[:, None] & mask_n[None, :], other=0,
+                      eviction_policy="evict_first").to(tl.float32)
+        for c in tl.static_range(NC):
+            mask_m = o_m < P
+            if c + 1 < NC:
+                o_next = o_m + BM
+                b_s_next = tl.load(p_s + o_next[:, None] * N + o_n[None, :],
+                                   mask=(o_next < P)[:, None] & mask_n[None, :], other=0,
+                                   eviction_policy="evict_first").to(tl.float32)
+            b_x_raw = tl.load(p_x + o_m, mask=mask_m, other=0)
+            b_x = b_x_raw.to(tl.float32)
+            b_rx = tl.load(
+                p_rx + phys_j[:, None] * P + o_m[None, :], mask=m_j[:, None] & mask_m[None, :], other=0,
+            ).to(tl.float32)
+            b_sc = tl.sum(b_s * b_C[None, :], 1)
+            b_hist = tl.sum(b_rx * b_wbc[:, None], 0)
+            b_y = b_dec * b_sc + b_hist + b_cur * b_x + b_x * b_D
+            if HAS_Z:
+                b_y = mamba2_gate(b_y, tl.load(p_z + o_m, mask=mask_m, other=0).to(tl.float32), HAS_Z)
+            tl.store(p_o + o_m, b_y.to(p_o.dtype.element_ty), mask=mask_m)
+            # Append this token at logical position wp.
+            tl.store(p_rx + phys * P + o_m, b_x_raw, mask=mask_m)
+            if c + 1 < NC:
+                o_m = o_next
+                b_s = b_s_next
         if i_m == 0:
             tl.store(p_rdt + phys, b_dt_raw)
             if i_h % (NH // G) == 0:
@@ -245,7 +259,7 @@ def mamba2_replay_decode(
         launches = [(1, make_tile(f_bm, f_bm, f_warps, f_stages, P, N)), (2, cfg)]
     RL = rings.ring_len
     for mode, tile in launches:
-        grid = (Bsz * NH * triton.cdiv(P, tile.BM),)
+        grid = (Bsz * NH * triton.cdiv(P, tile.rows),)
         _mamba2_decode_kernel[grid](
             x, dt, B, C, z if z is not None else x, A, D, dt_bias, out,
             state, rings.x, rings.B, rings.dt,
@@ -253,7 +267,7 @@ def mamba2_replay_decode(
             *strides, stride_o,
             state.stride(0), rings.x.stride(0), rings.B.stride(0), rings.dt.stride(0),
             NH=NH, P=P, G=G, N=N, BM=tile.BM, BMF=tile.BMF, BN=tile.BN, RL=RL, RLB=triton.next_power_of_2(RL),
-            HAS_Z=z is not None, UNROLL=REPLAY_UNROLL, MODE=mode,
+            HAS_Z=z is not None, UNROLL=REPLAY_UNROLL, MODE=mode, NC=tile.NC,
             **tile.launch,
         )
     return out

@@ -12,16 +12,16 @@ checkpoint, so every draft's output is a set of inner products (a causal masked 
         + sum_{t<=s}  dt_t exp(c_s - c_t)              (B_t . C_s) x_t
         + D x_s,      y_s *= z_s sigmoid(z_s)
 
-Per program, one pass over the drafts collects the checkpoint readouts `SC[s, :]` and the
-coefficient matrices `CH[j, s]` (history) and `CW[t, s]` (window, causal); the x contributions of
-all drafts then come from one broadcast-reduce each (`sum_j CH[j, s] x_j`), and the `[T, BM]`
-output tile is stored at once. Reducing once per program rather than once per draft keeps the
+Per program, one pass over the drafts collects the coefficient matrices `CH[j, s]` (history) and
+`CW[t, s]` (window, causal), which do not depend on the P row; then, per chunk of `BM` rows, one
+pass collects the checkpoint readouts `SC[s, :]`, the x contributions of all drafts come from one
+broadcast-reduce each (`sum_j CH[j, s] x_j`), and the `[T, BM]` output tile is stored at once. Reducing once per program rather than once per draft keeps the
 cross-warp reductions (shared memory + barrier) out of the draft loop.
 
 All dot products are fp32 on CUDA cores. The window's raw (x, B, dt) are written into the ring
 (x per P-block, dt by P-block 0, B by the first head of each group in P-block 0); the checkpoint
 is read only; there is no per-draft state. Rejected drafts are overwritten later.
-Grid: `(B * NH * cdiv(P, BM),)`.
+Grid: `(B * NH * cdiv(P, BM * NC),)`, `NC` (usually 1) chunks of `BM` rows per program.
 """
 
 from __future__ import annotations
@@ -48,21 +48,18 @@ def _mamba2_verify_kernel(
     stride_state_slot, stride_rx_slot, stride_rB_slot, stride_rdt_slot,
     NH: tl.constexpr, P: tl.constexpr, G: tl.constexpr, N: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
-    HAS_Z: tl.constexpr,
+    HAS_Z: tl.constexpr, NC: tl.constexpr = 1,
 ):
-    NP = (P + BM - 1) // BM
+    NP = (P + BM * NC - 1) // (BM * NC)
     i_m, i_nh = tl.program_id(0) % NP, tl.program_id(0) // NP
     i_n, i_h = i_nh // NH, i_nh % NH
     i_g = i_h // (NH // G)
     first_of_group = (i_m == 0) & (i_h % (NH // G) == 0)
 
-    o_m = i_m * BM + tl.arange(0, BM)
     o_n = tl.arange(0, BN)
     o_t = tl.arange(0, BT)
-    mask_m = o_m < P
     mask_n = o_n < N
     m_t = o_t < T
-    mask_tm = m_t[:, None] & mask_m[None, :]
 
     i_n64 = i_n.to(tl.int64)
     b_A = tl.load(A + i_h).to(tl.float32)
@@ -72,24 +69,21 @@ def _mamba2_verify_kernel(
     p_dt = dt + i_n64 * stride_dt_row + i_h
     p_B = Bm + i_n64 * stride_B_row + i_g * N
     p_C = C + i_n64 * stride_C_row + i_g * N
+    p_z = z + i_n64 * stride_z_row + i_h * P
     b_wdt_raw = tl.load(p_dt + o_t * stride_dt_tok, mask=m_t, other=0)
     b_wB_raw = tl.load(
         p_B + o_t[:, None] * stride_B_tok + o_n[None, :], mask=m_t[:, None] & mask_n[None, :], other=0,
     )
-    b_wx_raw = tl.load(p_x + o_t[:, None] * stride_x_tok + o_m[None, :], mask=mask_tm, other=0)
-    if HAS_Z:
-        b_wz = tl.load(z + i_n64 * stride_z_row + o_t[:, None] * stride_z_tok + i_h * P + o_m[None, :],
-                       mask=mask_tm, other=0).to(tl.float32)
 
     slot = tl.load(slot_idx + i_n).to(tl.int64)
     if slot < 0:
         return
     wp = tl.load(wpos + slot)
     org = tl.load(origin + slot)
-    b_s = tl.load(
-        state + slot * stride_state_slot + (i_h * P + o_m[:, None]) * N + o_n[None, :],
-        mask=mask_m[:, None] & mask_n[None, :], other=0, eviction_policy="evict_first",
-    ).to(tl.float32)
+    p_s = state + slot * stride_state_slot + i_h * P * N
+    o_m = i_m * (BM * NC) + tl.arange(0, BM)
+    b_s = tl.load(p_s + o_m[:, None] * N + o_n[None, :], mask=(o_m < P)[:, None] & mask_n[None, :], other=0,
+                  eviction_policy="evict_first").to(tl.float32)
 
     p_rx = ring_x + slot * stride_rx_slot + i_h * RL * P
     p_rB = ring_B + slot * stride_rB_slot + i_g * RL * N
@@ -105,39 +99,57 @@ def _mamba2_verify_kernel(
     b_hB = tl.load(
         p_rB + phys_j[:, None] * N + o_n[None, :], mask=m_j[:, None] & mask_n[None, :], other=0,
     ).to(tl.float32)
-    b_hx = tl.load(
-        p_rx + phys_j[:, None] * P + o_m[None, :], mask=m_j[:, None] & mask_m[None, :], other=0,
-    ).to(tl.float32)
 
     b_wdt = tl.where(m_t, mamba2_dt(b_wdt_raw, b_bias), 0.0)
     b_wc = tl.cumsum(b_wdt * b_A, 0)
     b_wB = b_wB_raw.to(tl.float32)
-    b_wx = b_wx_raw.to(tl.float32)
 
-    # Per draft s: the checkpoint readout and the coefficient of every ring / window entry.
-    b_sc = tl.zeros([BT, BM], dtype=tl.float32)
+    # Per draft s, the coefficient of every ring / window entry (independent of the P row: once
+    # per program) and the checkpoint decay.
     b_ch = tl.zeros([RLB, BT], dtype=tl.float32)
     b_cw = tl.zeros([BT, BT], dtype=tl.float32)
     for s in tl.static_range(BT):
         b_C = tl.load(p_C + s * stride_C_tok + o_n, mask=mask_n & (s < T), other=0).to(tl.float32)
         b_cs = tl.sum(tl.where(o_t == s, b_wc, 0.0), 0)
-        b_sc_s = tl.exp(b_hsum + b_cs) * tl.sum(b_s * b_C[None, :], 1)
-        b_sc = tl.where(o_t[:, None] == s, b_sc_s[None, :], b_sc)
         b_hw = tl.where(m_j, b_hdt * tl.exp(b_hsuf + b_cs), 0.0) * tl.sum(b_hB * b_C[None, :], 1)
         b_ch = tl.where(o_t[None, :] == s, b_hw[:, None], b_ch)
         b_ww = tl.where(o_t <= s, b_wdt * tl.exp(b_cs - b_wc), 0.0) * tl.sum(b_wB * b_C[None, :], 1)
         b_cw = tl.where(o_t[None, :] == s, b_ww[:, None], b_cw)
-    # y[s, m] = sc[s, m] + sum_j ch[j, s] xh[j, m] + sum_t cw[t, s] xw[t, m] + D xw[s, m]
-    b_y = b_sc + tl.sum(b_hx[:, None, :] * b_ch[:, :, None], 0)
-    b_y += tl.sum(b_wx[:, None, :] * b_cw[:, :, None], 0)
-    b_y += b_wx * b_D
-    if HAS_Z:
-        b_y = mamba2_gate(b_y, b_wz, HAS_Z)
-    p_o = o + i_n64 * stride_o_row + o_t[:, None] * stride_o_tok + i_h * P + o_m[None, :]
-    tl.store(p_o, b_y.to(p_o.dtype.element_ty), mask=mask_tm)
-    # The window goes to logical positions wp + t.
+    b_dec = tl.exp(b_hsum + b_wc)
     phys_t = (org + wp + o_t) % RL
-    tl.store(p_rx + phys_t[:, None] * P + o_m[None, :], b_wx_raw, mask=mask_tm)
+
+    # The program's NC chunks of BM rows (the next chunk's checkpoint tile loaded first).
+    for c in tl.static_range(NC):
+        mask_m = o_m < P
+        mask_tm = m_t[:, None] & mask_m[None, :]
+        if c + 1 < NC:
+            o_next = o_m + BM
+            b_s_next = tl.load(p_s + o_next[:, None] * N + o_n[None, :],
+                               mask=(o_next < P)[:, None] & mask_n[None, :], other=0,
+                               eviction_policy="evict_first").to(tl.float32)
+        b_wx_raw = tl.load(p_x + o_t[:, None] * stride_x_tok + o_m[None, :], mask=mask_tm, other=0)
+        b_wx = b_wx_raw.to(tl.float32)
+        b_hx = tl.load(
+            p_rx + phys_j[:, None] * P + o_m[None, :], mask=m_j[:, None] & mask_m[None, :], other=0,
+        ).to(tl.float32)
+        b_sc = tl.zeros([BT, BM], dtype=tl.float32)
+        for s in tl.static_range(BT):
+            b_C = tl.load(p_C + s * stride_C_tok + o_n, mask=mask_n & (s < T), other=0).to(tl.float32)
+            b_sc = tl.where(o_t[:, None] == s, tl.sum(b_s * b_C[None, :], 1)[None, :], b_sc)
+        # y[s, m] = dec[s] sc[s, m] + sum_j ch[j, s] xh[j, m] + sum_t cw[t, s] xw[t, m] + D xw[s, m]
+        b_y = b_dec[:, None] * b_sc + tl.sum(b_hx[:, None, :] * b_ch[:, :, None], 0)
+        b_y += tl.sum(b_wx[:, None, :] * b_cw[:, :, None], 0)
+        b_y += b_wx * b_D
+        if HAS_Z:
+            b_wz = tl.load(p_z + o_t[:, None] * stride_z_tok + o_m[None, :], mask=mask_tm, other=0).to(tl.float32)
+            b_y = mamba2_gate(b_y, b_wz, HAS_Z)
+        p_o = o + i_n64 * stride_o_row + o_t[:, None] * stride_o_tok + i_h * P + o_m[None, :]
+        tl.store(p_o, b_y.to(p_o.dtype.element_ty), mask=mask_tm)
+        # The window goes to logical positions wp + t.
+        tl.store(p_rx + phys_t[:, None] * P + o_m[None, :], b_wx_raw, mask=mask_tm)
+        if c + 1 < NC:
+            o_m = o_next
+            b_s = b_s_next
     if i_m == 0:
         tl.store(p_rdt + phys_t, b_wdt_raw, mask=m_t)
     if first_of_group:
@@ -216,7 +228,7 @@ def mamba2_replay_verify(
         return out
     cfg = tile_config("verify", P, N)
     RL = rings.ring_len
-    grid = (Bsz * NH * triton.cdiv(P, cfg.BM),)
+    grid = (Bsz * NH * triton.cdiv(P, cfg.rows),)
     _mamba2_verify_kernel[grid](
         x, dt, B, C, z if z is not None else x, A, D, dt_bias, out,
         state, rings.x, rings.B, rings.dt,
@@ -225,7 +237,7 @@ def mamba2_replay_verify(
         *strides, *strides_o,
         state.stride(0), rings.x.stride(0), rings.B.stride(0), rings.dt.stride(0),
         NH=NH, P=P, G=G, N=N, BM=cfg.BM, BN=cfg.BN, BT=triton.next_power_of_2(T),
-        RL=RL, RLB=triton.next_power_of_2(RL), HAS_Z=z is not None,
+        RL=RL, RLB=triton.next_power_of_2(RL), HAS_Z=z is not None, NC=cfg.NC,
         **cfg.launch,
     )
     return out
