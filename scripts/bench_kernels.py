@@ -519,15 +519,16 @@ def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES, sweep=False):
 
 def m2_decode_plans():
     """(key, [(override name, plan), ...]) of the Mamba-2 decode plans the sweep times besides the
-    default: the split plans, the chunked tiles, and the first split plan with each chunked tile."""
+    default: the split plans, the chunked tiles, and the first split plan with each four-warp chunked tile."""
     from replayssm_kernels.configs import MAMBA2_DECODE_SWEEP, MAMBA2_TILE_SWEEP
 
     plans = [("x".join(map(str, p)), [("mamba2_decode", p)]) for p in MAMBA2_DECODE_SWEEP]
     for t in MAMBA2_TILE_SWEEP:
         key = "t" + "x".join(map(str, t))
         plans.append((key, [("mamba2_decode_tile", t)]))
-        plans.append(("x".join(map(str, MAMBA2_DECODE_SWEEP[1])) + "_" + key,
-                      [("mamba2_decode", MAMBA2_DECODE_SWEEP[1]), ("mamba2_decode_tile", t)]))
+        if t[2] == 4:  # the four-warp tiles also behind the first split plan's flush launch
+            plans.append(("x".join(map(str, MAMBA2_DECODE_SWEEP[0])) + "_" + key,
+                          [("mamba2_decode", MAMBA2_DECODE_SWEEP[0]), ("mamba2_decode_tile", t)]))
     return plans
 
 

@@ -152,9 +152,9 @@ def test_mamba2_decode(B, NH, P, G, N, L, dtype, has_z, hot, steps):
 
 
 @pytest.mark.parametrize("plan", [
-    pytest.param((1, 16, 4, 2), id="split-bm16-w4"),
-    pytest.param((1, 32, 4, 1), id="split-bm32-w4"),
-    pytest.param((1, 8, 1, 2), id="split-bm8-w1"),
+    pytest.param((1, 32, 4, 2), id="split-bm32-w4"),
+    pytest.param((1, 32, 1, 1), id="split-bm32-w1"),
+    pytest.param((1, 64, 8, 2), id="split-bm64-w8"),
 ])
 @pytest.mark.parametrize("case", [
     pytest.param((2, 2, 20, 2, 16, 16, bf16, True, False, 36), id="P20-N16-L16-z"),
@@ -171,13 +171,26 @@ def test_mamba2_decode_split_plans(plan, case):
     assert mamba2_decode_plan() == (0, 0, 0, 0)
 
 
+def test_mamba2_decode_split_plan_with_small_flush_tile_raises():
+    """Flush tiles under 32 rows were not bit-exact on the H200: such a plan is refused, naming the setting."""
+    from replayssm_kernels.configs import override
+
+    gen = torch.Generator().manual_seed(5)
+    NH, P, G, N, L = 2, 16, 1, 16, 4
+    A, D, dt_bias = _params(NH, DEVICE, gen)
+    h = _harness(2, NH, P, G, N, L, 1, A, D, dt_bias, DEVICE)
+    x, dt, Bm, C, z = _inputs(2, 1, NH, P, G, N, bf16, DEVICE, gen, False)
+    with override("mamba2_decode", (1, 16, 4, 2)), pytest.raises(ValueError, match="REPLAYSSM_CONFIG"):
+        h.decode(x[:, 0], dt[:, 0], Bm[:, 0], C[:, 0])
+
+
 CHUNKED_DECODE = [
     # (BM, NC, warps), case: NC is capped at the chunks P needs; a program's last chunk may be
     # partly (P20: rows 16..23) or wholly (P80 with 32-row programs: rows 96..111) past P.
     pytest.param((8, 8, 1), (2, 2, 20, 2, 16, 16, bf16, True, False, 36), None, id="bm8-nc3-P20-N16-L16-z"),
     pytest.param((16, 8, 4), (2, 2, 80, 1, 128, 4, bf16, True, False, 9), None, id="bm16-nc5-P80-N128-z"),
     pytest.param((16, 2, 4), (2, 2, 80, 1, 128, 8, fp32, False, True, 19), None, id="bm16-nc2-P80-N128-L8-fp32-hot"),
-    pytest.param((16, 8, 4), (2, 2, 80, 1, 128, 4, bf16, True, False, 9), (1, 16, 4, 2),
+    pytest.param((16, 8, 4), (2, 2, 80, 1, 128, 4, bf16, True, False, 9), (1, 32, 4, 2),
                  id="bm16-nc5-P80-N128-z-split-flush"),
 ]
 
@@ -194,6 +207,7 @@ def test_mamba2_decode_chunked_tiles(tile, case, split):
                                                 else contextlib.nullcontext()):
         cfg = tile_config("decode", P, N)
         assert (cfg.BM, cfg.num_warps) == (tile[0], tile[2]) and cfg.NC == min(tile[1], -(-P // tile[0]))
+        assert cfg.BMF >= 32  # flush sub-tiles: MIN_FLUSH_ROWS
         test_mamba2_decode(*case)
     assert tile_config("decode", P, N).NC == 1
 

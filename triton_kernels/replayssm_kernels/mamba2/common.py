@@ -123,6 +123,11 @@ _TILE_TABLE = {
     "verify": [(1 << 30, 64, 16, 4, 2)],
     "fold": [(1 << 30, 32, 16, 4, 2)],
 }
+# Rows of a decode flush sub-tile, at least. On the H200 (2026-12-01, docs/perf.md) every plan whose
+# flush readout ran on 16-row tiles (4 or 2 warps, N=128) gave flush outputs that differed from
+# SGLang's SSU in the last bit (state still bit-exact); 32-row tiles (4 or 8 warps) matched. The
+# CPU interpreter cannot see this (no layouts there).
+MIN_FLUSH_ROWS = 32
 # Ring entries replayed per straight-line chunk by the exact fold (decode flush and commit fold).
 REPLAY_UNROLL = 4
 
@@ -177,10 +182,11 @@ def chunked_tile(BM: int, NC: int, BMF: int, warps: int, stages: int, P: int, N:
     """A program of `NC` chunks of `BM` rows (power of two, at least 4 fp32 per thread), for heads whose
     P is not a power of two: P = 80 as 5 x 16 rows is one program per head with no padded rows and
     one pass over the ring's B . C per head instead of one per 32-row tile. `NC` is capped at the
-    chunks P needs."""
+    chunks P needs. The decode's flush branch walks the program's rows in sub-tiles of
+    `BMF >= MIN_FLUSH_ROWS` rows, independent of the chunks."""
     BN = triton.next_power_of_2(N)
     min_bm = max(1, (4 * 32 * warps) // BN)
     if BM < min_bm or BM & (BM - 1):
         raise ValueError(f"Mamba-2 tile: BM={BM} must be a power of two >= {min_bm} for {warps} warps and N={N}")
     NC = max(1, min(NC, triton.cdiv(P, BM)))
-    return TileConfig(BM=BM, BMF=min(BM, max(BMF, min_bm)), BN=BN, num_warps=warps, num_stages=stages, NC=NC)
+    return TileConfig(BM=BM, BMF=max(BMF, MIN_FLUSH_ROWS, min_bm), BN=BN, num_warps=warps, num_stages=stages, NC=NC)

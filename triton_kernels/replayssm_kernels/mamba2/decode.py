@@ -30,6 +30,7 @@ import triton.language as tl
 
 from ..configs import mamba2_decode_plan
 from .common import (
+    MIN_FLUSH_ROWS,
     REPLAY_UNROLL,
     mamba2_dt,
     mamba2_exact_output,
@@ -95,26 +96,26 @@ def _mamba2_decode_kernel(
     p_rdt = ring_dt + slot * stride_rdt_slot + i_h * RL
     if flush != 0:
         # Exact replay of the pending raw entries, then of this token, then the baseline's
-        # readout; in sub-tiles of BMF rows so that this branch does not set the register budget
-        # of the (much more frequent) non-flush branch.
-        for c in tl.static_range(NC):
-            for i_f in range(0, BM, BMF):
-                o_f = i_m * (BM * NC) + c * BM + i_f + tl.arange(0, BMF)
-                mask_f = o_f < P
-                mask_fs = mask_f[:, None] & mask_n[None, :]
-                p_sf = p_s + o_f[:, None] * N + o_n[None, :]
-                b_s = tl.load(p_sf, mask=mask_fs, other=0).to(tl.float32)
-                b_s = mamba2_replay(b_s, p_rx, p_rB, p_rdt, o_f, o_n, mask_f, mask_n, org, 0, wp, b_A, b_bias,
-                                    P, N, RL, UNROLL)
-                b_x = tl.load(p_x + o_f, mask=mask_f, other=0).to(tl.float32)
-                if HAS_Z:
-                    b_z = tl.load(p_z + o_f, mask=mask_f, other=0).to(tl.float32)
-                else:
-                    b_z = b_x
-                b_s = mamba2_exact_step(b_s, b_x, b_B, b_dt, b_A)
-                b_y = mamba2_exact_output(b_s, b_C, b_x, b_D, b_z, HAS_Z)
-                tl.store(p_o + o_f, b_y.to(p_o.dtype.element_ty), mask=mask_f)
-                tl.store(p_sf, b_s.to(p_sf.dtype.element_ty), mask=mask_fs)
+        # readout; over the program's BM * NC rows in sub-tiles of BMF rows (independent of the
+        # chunks), so that this branch does not set the register budget of the (much more
+        # frequent) non-flush branch.
+        for i_f in range(0, BM * NC, BMF):
+            o_f = i_m * (BM * NC) + i_f + tl.arange(0, BMF)
+            mask_f = (o_f < P) & (i_f + tl.arange(0, BMF) < BM * NC)
+            mask_fs = mask_f[:, None] & mask_n[None, :]
+            p_sf = p_s + o_f[:, None] * N + o_n[None, :]
+            b_s = tl.load(p_sf, mask=mask_fs, other=0).to(tl.float32)
+            b_s = mamba2_replay(b_s, p_rx, p_rB, p_rdt, o_f, o_n, mask_f, mask_n, org, 0, wp, b_A, b_bias,
+                                P, N, RL, UNROLL)
+            b_x = tl.load(p_x + o_f, mask=mask_f, other=0).to(tl.float32)
+            if HAS_Z:
+                b_z = tl.load(p_z + o_f, mask=mask_f, other=0).to(tl.float32)
+            else:
+                b_z = b_x
+            b_s = mamba2_exact_step(b_s, b_x, b_B, b_dt, b_A)
+            b_y = mamba2_exact_output(b_s, b_C, b_x, b_D, b_z, HAS_Z)
+            tl.store(p_o + o_f, b_y.to(p_o.dtype.element_ty), mask=mask_f)
+            tl.store(p_sf, b_s.to(p_sf.dtype.element_ty), mask=mask_fs)
     else:
         # Ring coefficients once per program (they do not depend on the P row), then the
         # program's NC chunks of BM rows; the next chunk's checkpoint tile is loaded before this
@@ -256,6 +257,11 @@ def mamba2_replay_decode(
     split, f_bm, f_warps, f_stages = mamba2_decode_plan()
     launches = [(0, cfg)]
     if split:
+        if f_bm < MIN_FLUSH_ROWS:
+            raise ValueError(
+                f"Mamba-2 split decode plan: the flush launch needs at least {MIN_FLUSH_ROWS} rows per tile "
+                f"(got {f_bm}; smaller flush tiles were not bit-exact on the H200); fix mamba2_decode= in "
+                "REPLAYSSM_CONFIG or unset it")
         launches = [(1, make_tile(f_bm, f_bm, f_warps, f_stages, P, N)), (2, cfg)]
     RL = rings.ring_len
     for mode, tile in launches:
