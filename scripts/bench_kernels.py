@@ -401,7 +401,7 @@ def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES, sweep=False):
     )
 
     dev, act = "cuda", torch.bfloat16
-    for name, NH, P, N, G in shapes:
+    for shape, NH, P, N, G in shapes:
         A = -torch.rand(NH, device=dev) * 4 - 0.5
         D = torch.randn(NH, device=dev)
         dt_bias = torch.randn(NH, device=dev) - 2.0
@@ -418,7 +418,7 @@ def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES, sweep=False):
             Bs = [torch.randn(Bsz, G, N, device=dev, dtype=act) for _ in range(sets)]
             Cs = [torch.randn(Bsz, G, N, device=dev, dtype=act) for _ in range(sets)]
             y = torch.empty(Bsz, NH, P, device=dev, dtype=act)
-            row = {"family": "mamba2", "shape": name, "NH": NH, "P": P, "N": N, "G": G, "B": Bsz, "L": L,
+            row = {"family": "mamba2", "shape": shape, "NH": NH, "P": P, "N": N, "G": G, "B": Bsz, "L": L,
                    "sets": sets}
 
             def ssu():
@@ -443,12 +443,12 @@ def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES, sweep=False):
             synced, staggered = snaps, staggered_snaps(Bsz, L, sets, dev)
             snaps = staggered
             row["decode_ours_staggered_us"] = time_graph(ours_decode, sets * L, reps)
-            for name, plan in (m2_decode_plans() if sweep else ()):
+            for key, plan in (m2_decode_plans() if sweep else ()):
                 with contextlib.ExitStack() as stack:
                     for what, cfg in plan:
                         stack.enter_context(override(what, cfg))
                     for suffix, snaps in (("", synced), ("_staggered", staggered)):  # ours_decode reads `snaps`
-                        row[f"decode_ours_{name}{suffix}_us"] = time_graph(ours_decode, sets * L, reps)
+                        row[f"decode_ours_{key}{suffix}_us"] = time_graph(ours_decode, sets * L, reps)
             exact = [(torch.zeros(Bsz, dtype=torch.int32, device=dev), torch.ones(Bsz, dtype=torch.int32, device=dev))
                      for _ in range(sets)]
 

@@ -334,6 +334,52 @@ def test_mamba2_tile_config():
             assert 4 * (padded - P) <= padded or cfg.BM * cfg.BN == 4 * 32 * cfg.num_warps
 
 
+def test_mamba2_default_tiles_by_batch():
+    """From `mamba2_chunk_min_batch` rows (256) the verify runs 16-row chunks, 2 warps, one program per
+    head, and so does the decode where P is not a multiple of 64 (Nemotron-Nano's P=80); below it,
+    and for the Super-shape decode, the table tile (the H200 measurements of docs/perf.md run 6)."""
+    from replayssm_kernels.configs import mamba2_chunk_min_batch
+
+    assert mamba2_chunk_min_batch() == 256
+    for kernel, P, rows, want in (("verify", 64, 256, (16, 4, 2)), ("verify", 80, 512, (16, 5, 2)),
+                                  ("decode", 80, 256, (16, 5, 2)), ("decode", 64, 256, None),
+                                  ("verify", 64, 255, None), ("decode", 80, 1, None), ("verify", 80, None, None)):
+        cfg = tile_config(kernel, P, 128, rows)
+        if want is None:
+            assert cfg.NC == 1 and cfg == tile_config(kernel, P, 128), (kernel, P, rows)
+        else:
+            assert (cfg.BM, cfg.NC, cfg.num_warps) == want, (kernel, P, rows, cfg)
+            assert cfg.BMF >= 32
+    # a head too narrow for 16-row chunks keeps the table tile
+    assert tile_config("verify", 20, 16, 256).NC == 1
+
+
+@pytest.mark.parametrize("kernel", ["decode", "verify"])
+def test_mamba2_default_chunked_dispatch_is_exact(kernel, monkeypatch):
+    """The default dispatch itself (threshold lowered to 1 row, so a CPU-sized batch takes it): the
+    kernels launch the chunked default tiles, which keep the state bit-exact and the outputs within
+    the baseline's error."""
+    import importlib
+
+    from replayssm_kernels.configs import override
+
+    mod = importlib.import_module(f"replayssm_kernels.mamba2.{kernel}")
+    used = []
+
+    def spy(*args, **kwargs):
+        cfg = tile_config(*args, **kwargs)
+        used.append(cfg.NC)
+        return cfg
+
+    monkeypatch.setattr(mod, "tile_config", spy)
+    with override("mamba2_chunk_min_batch", (1,)):
+        if kernel == "decode":
+            test_mamba2_decode(2, 2, 80, 1, 128, 4, bf16, True, False, 9)
+        else:
+            test_mamba2_verify_commit(2, 2, 64, 2, 128, 8, 4, bf16, True, False, 8)
+    assert used and set(used) == {5 if kernel == "decode" else 4}, used
+
+
 def _direct_setup(device, gen, dtype=bf16, NH=4, P=16, G=2, N=16, L=4, S=6, Lm=1, slot_pad=1):
     """State pool and rings as strided slot views (pool layout), filled with random data."""
     state = torch.randn(Lm, S, slot_pad, NH, P, N, generator=gen)[:, :, 0].mul(0.3).to(device)

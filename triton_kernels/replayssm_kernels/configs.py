@@ -18,7 +18,7 @@ _OVERRIDES: dict[str, tuple[int, int, int]] = {}
 # name -> accepted numbers of `x`-separated integers
 _OVERRIDE_ARITY = {"gdn_decode": (7,), "gdn_verify": (3, 4), "gdn_fold_cols": (1,), "gdn_ring_min_batch": (1,),
                    "mamba2_ring_min_batch": (1,), "mamba2_decode": (4,),
-                   "mamba2_decode_tile": (3,), "mamba2_verify_tile": (3,)}
+                   "mamba2_decode_tile": (3,), "mamba2_verify_tile": (3,), "mamba2_chunk_min_batch": (1,)}
 
 
 def _env_overrides() -> None:
@@ -52,8 +52,10 @@ def describe() -> str:
         "mamba2_decode=" + "x".join(map(str, m2_plan))
         + (" (one launch, the tile table's decode tile)" if m2_plan[0] == 0
            else " (flush rows in their own launch: split x BM x warps x stages)"),
-        *(f"mamba2_{k}_tile=" + ("x".join(map(str, mamba2_tile(k, 80, 128) or ())) or "table")
-          + " (BM x chunks x warps at P=80, N=128; table = mamba2/common.py's one-chunk tile)"
+        *(f"mamba2_{k}_tile=P64:" + ("x".join(map(str, mamba2_tile(k, 64, 128, 1 << 20) or ())) or "table")
+          + ",P80:" + ("x".join(map(str, mamba2_tile(k, 80, 128, 1 << 20) or ())) or "table")
+          + f" (BM x chunks x warps, N=128, from mamba2_chunk_min_batch={mamba2_chunk_min_batch()} rows; "
+          "table = mamba2/common.py's one-chunk tile, also below that batch)"
           for k in ("decode", "verify")),
     ])
 
@@ -167,13 +169,41 @@ def mamba2_decode_plan() -> tuple[int, int, int, int]:
 MAMBA2_TILE_SWEEP = ((16, 8, 4), (16, 8, 2), (32, 4, 4), (16, 8, 8))
 
 
-def mamba2_tile(kernel: str, P: int, N: int):
-    """(BM, NC, num_warps) of the Mamba-2 decode / verify program, or None for the one-chunk tile
-    of `mamba2/common.py`'s table (the default: measured in docs/perf.md run 3)."""
+# From this many rows a Mamba-2 launch takes the chunked default tile below. H200, 2026-12-01
+# (docs/perf.md run 6, SGLang's kernels in the same run): at batch 256 the verify with 16-row
+# chunks, 2 warps, one program per head took 665.9 / 883.2 us against 806.5 / 1304.4 us for the
+# table tile (verify + commit, Super / Nano shape), and the Nano-shape decode 437.6 against
+# 677.8 us; at batch 1 the chunked tiles were slower (verify 13.5 vs 11.2 us, Nano decode 8.3 vs
+# 5.7 us). Batches 8-128 were not measured, so the threshold sits at the smallest measured win.
+_MAMBA2_CHUNK_MIN_BATCH = 256
+_MAMBA2_CHUNK_DEFAULT = (16, 8, 2)
+
+
+def mamba2_tile(kernel: str, P: int, N: int, rows: int | None = None):
+    """(BM, NC, num_warps) of the Mamba-2 decode / verify program for a launch of `rows` rows, or
+    None for the one-chunk tile of `mamba2/common.py`'s table. Default: 16-row chunks, 2 warps, one
+    program per head from `mamba2_chunk_min_batch` rows on, for the verify at any P that is a
+    multiple of 16 and for the decode where P is not a multiple of 64 (Nemotron-Nano's P=80; at
+    P=64 the decode's table tile was as fast)."""
     name = f"mamba2_{kernel}_tile"
     if name in _OVERRIDES:
         return tuple(int(x) for x in _OVERRIDES[name])
+    bm, nc, warps = _MAMBA2_CHUNK_DEFAULT
+    if rows is None or rows < mamba2_chunk_min_batch() or P % bm or bm * triton_next_pow2(N) < 4 * 32 * warps:
+        return None
+    if kernel == "verify" or (kernel == "decode" and P % 64):
+        return _MAMBA2_CHUNK_DEFAULT
     return None
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def mamba2_chunk_min_batch() -> int:
+    if "mamba2_chunk_min_batch" in _OVERRIDES:
+        return _OVERRIDES["mamba2_chunk_min_batch"][0]
+    return _MAMBA2_CHUNK_MIN_BATCH
 
 
 def ring_min_batch(family: str) -> int:

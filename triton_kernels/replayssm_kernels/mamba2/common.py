@@ -150,12 +150,13 @@ class TileConfig:
         return {"num_warps": self.num_warps, "num_stages": self.num_stages}
 
 
-def tile_config(kernel: str, P: int, N: int) -> TileConfig:
+def tile_config(kernel: str, P: int, N: int, rows: int | None = None) -> TileConfig:
     """Tile of one program (`BM` rows of P, all `BN = next_pow2(N)` columns) and launch options;
-    `NC` chunks of such tiles per program where a plan asks for it (`configs.mamba2_tile`)."""
+    `NC` chunks of such tiles per program where `configs.mamba2_tile` asks for it (a launch of
+    `rows` rows: large decode / verify batches)."""
     from ..configs import mamba2_tile
 
-    plan = mamba2_tile(kernel, P, N) if kernel in ("decode", "verify") else None
+    plan = mamba2_tile(kernel, P, N, rows) if kernel in ("decode", "verify") else None
     BN = triton.next_power_of_2(N)
     for max_bn, BM, BMF, warps, stages in _TILE_TABLE[kernel]:
         if BN <= max_bn:

@@ -253,7 +253,7 @@ def mamba2_replay_decode(
     stride_o = _tok_stride(out, (Bsz, NH, P), "out")
     if Bsz == 0:
         return out
-    cfg = tile_config("decode", P, N)
+    cfg = tile_config("decode", P, N, Bsz)
     split, f_bm, f_warps, f_stages = mamba2_decode_plan()
     launches = [(0, cfg)]
     if split:

@@ -226,7 +226,7 @@ def mamba2_replay_verify(
     strides_o = _strides(out, (Bsz, T, NH, P), "out")
     if Bsz == 0 or T == 0:
         return out
-    cfg = tile_config("verify", P, N)
+    cfg = tile_config("verify", P, N, Bsz)
     RL = rings.ring_len
     grid = (Bsz * NH * triton.cdiv(P, cfg.rows),)
     _mamba2_verify_kernel[grid](
