@@ -44,6 +44,18 @@ from .rings import Mamba2Rings, check_mamba2_rings
 
 
 @triton.jit
+def _chunk_loads(p_s, p_x, p_rx, o_m, o_n, phys_j, m_j, mask_n, P: tl.constexpr, N: tl.constexpr):
+    """A non-flush chunk's inputs: its `[BM, BN]` checkpoint tile (fp32, streamed through L2), its
+    raw x, and the ring's x entries `[RLB, BM]` (fp32)."""
+    mask_m = o_m < P
+    b_s = tl.load(p_s + o_m[:, None] * N + o_n[None, :], mask=mask_m[:, None] & mask_n[None, :], other=0,
+                  eviction_policy="evict_first").to(tl.float32)
+    b_x_raw = tl.load(p_x + o_m, mask=mask_m, other=0)
+    b_rx = tl.load(p_rx + phys_j[:, None] * P + o_m[None, :], mask=m_j[:, None] & mask_m[None, :], other=0)
+    return b_s, b_x_raw, b_rx.to(tl.float32)
+
+
+@triton.jit
 def _mamba2_decode_kernel(
     x, dt, Bm, C, z, A, D, dt_bias, o,
     state, ring_x, ring_B, ring_dt,
@@ -117,12 +129,14 @@ def _mamba2_decode_kernel(
             tl.store(p_o + o_f, b_y.to(p_o.dtype.element_ty), mask=mask_f)
             tl.store(p_sf, b_s.to(p_sf.dtype.element_ty), mask=mask_fs)
     else:
-        # Ring coefficients once per program (they do not depend on the P row), then the
-        # program's NC chunks of BM rows; the next chunk's checkpoint tile is loaded before this
-        # chunk's arithmetic.
+        # The first chunk's loads go out before the ring coefficients (computed once per program:
+        # they do not depend on the P row), so their latencies overlap; then the program's NC
+        # chunks of BM rows, each loading the next chunk's tiles before its own arithmetic.
         o_j = tl.arange(0, RLB)
         m_j = o_j < wp
         phys_j = (org + o_j) % RL
+        o_m = i_m * (BM * NC) + tl.arange(0, BM)
+        b_s, b_x_raw, b_rx = _chunk_loads(p_s, p_x, p_rx, o_m, o_n, phys_j, m_j, mask_n, P, N)
         b_rdt = tl.load(p_rdt + phys_j, mask=m_j, other=0)
         b_rB = tl.load(
             p_rB + phys_j[:, None] * N + o_n[None, :], mask=m_j[:, None] & mask_n[None, :], other=0,
@@ -138,21 +152,12 @@ def _mamba2_decode_kernel(
         b_wbc = b_w * tl.sum(b_rB * b_C[None, :], 1)
         b_cur = b_dt * tl.sum(b_B * b_C, 0)
         phys = (org + wp) % RL
-        o_m = i_m * (BM * NC) + tl.arange(0, BM)
-        b_s = tl.load(p_s + o_m[:, None] * N + o_n[None, :], mask=(o_m < P)[:, None] & mask_n[None, :], other=0,
-                      eviction_policy="evict_first").to(tl.float32)
         for c in tl.static_range(NC):
             mask_m = o_m < P
             if c + 1 < NC:
                 o_next = o_m + BM
-                b_s_next = tl.load(p_s + o_next[:, None] * N + o_n[None, :],
-                                   mask=(o_next < P)[:, None] & mask_n[None, :], other=0,
-                                   eviction_policy="evict_first").to(tl.float32)
-            b_x_raw = tl.load(p_x + o_m, mask=mask_m, other=0)
+                b_s_next, b_x_next, b_rx_next = _chunk_loads(p_s, p_x, p_rx, o_next, o_n, phys_j, m_j, mask_n, P, N)
             b_x = b_x_raw.to(tl.float32)
-            b_rx = tl.load(
-                p_rx + phys_j[:, None] * P + o_m[None, :], mask=m_j[:, None] & mask_m[None, :], other=0,
-            ).to(tl.float32)
             b_sc = tl.sum(b_s * b_C[None, :], 1)
             b_hist = tl.sum(b_rx * b_wbc[:, None], 0)
             b_y = b_dec * b_sc + b_hist + b_cur * b_x + b_x * b_D
@@ -163,7 +168,7 @@ def _mamba2_decode_kernel(
             tl.store(p_rx + phys * P + o_m, b_x_raw, mask=mask_m)
             if c + 1 < NC:
                 o_m = o_next
-                b_s = b_s_next
+                b_s, b_x_raw, b_rx = b_s_next, b_x_next, b_rx_next
         if i_m == 0:
             tl.store(p_rdt + phys, b_dt_raw)
             if i_h % (NH // G) == 0:
