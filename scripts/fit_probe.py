@@ -17,7 +17,11 @@ Per side this script
 3. **verifies**: launches at N* (0.9 N* if that fails to start), reads fit(N*) from the scheduler
    line, sends fit(N*) requests at once (non-streaming `/generate` batches, so the client needs
    few sockets), and takes the largest `#running-req` of the decode-log lines as the concurrency
-   actually reached.
+   actually reached (and of the prefill lines as the requests admitted). A server that admits the
+   requests and then runs out of memory under them (activations: the pools take
+   --mem-fraction-static of the GPU, and the decode logits grow with the running batch) is
+   relaunched with --mem-fraction-static lowered by --oom-mem-step and N lowered by the requests
+   that memory held (`n_after_mem_step`); a side whose load crashed enters no ratio.
 
 Sides: stock, ours, and upstream (SGLang's own `--enable-linear-replayssm-spec`, GDN only).
 
@@ -47,6 +51,7 @@ import datetime as _dt
 import json
 import math
 import os
+import re
 import shlex
 import sys
 import time
@@ -97,6 +102,19 @@ def predict_fit(split: dict, tokens_per_request: int) -> dict:
                 budget_gib=budget)
 
 
+def n_after_mem_step(n: int, prediction: dict, gpu_gb: float | None, step: float) -> int:
+    """N for a relaunch with --mem-fraction-static lowered by `step`: the pools' budget shrinks by
+    step x the GPU's memory, i.e. by that over (slot + KV per request) requests, as in
+    `predict_fit`; N itself without a calibrated prediction or a GPU size."""
+    slot, kv = prediction.get("slot_mib"), prediction.get("kv_mib_per_request")
+    if not (slot and kv and gpu_gb):
+        return n
+    return max(1, n - int(math.ceil(step * gpu_gb * 1024 / (slot + kv))))
+
+
+_GPU_GB_RE = re.compile(r"Load weight begin\. avail mem=([0-9.]+) GB")
+
+
 def launch_fit(facts: dict, n: int, tokens_per_request: int) -> dict:
     """fit(N) of a launch at --max-running-requests n (the scheduler's final max_running_requests
     and KV tokens), and the upper bound on the fit of any N (module docstring)."""
@@ -128,16 +146,41 @@ def bound(res: dict) -> int | None:
 
 
 def ratio_summary(sides: dict) -> dict:
-    s, o = sides.get("stock") or {}, sides.get("ours") or {}
+    """Ratios between sides whose load completed (`side_ok`): a server that admits N requests and
+    then crashes under them has not shown that N fits."""
+    ok = {k: v for k, v in sides.items() if side_ok(v)}
+    s, o, u = ok.get("stock") or {}, ok.get("ours") or {}, ok.get("upstream") or {}
     out: dict = {}
     if s.get("fit") and o.get("fit"):
         out["fit_ratio"] = o["fit"]["fit"] / s["fit"]["fit"]
     if s.get("fit") and o.get("reached") and bound(s):
         out["conservative_ratio"] = o["reached"] / bound(s)
-    u = sides.get("upstream") or {}
     if u.get("fit") and o.get("fit"):
         out["fit_ratio_vs_upstream"] = o["fit"]["fit"] / u["fit"]["fit"]
     return out
+
+
+# A scheduler that died under the load (its traceback's last line, or SGLang's own report).
+_CRASH_RE = re.compile(r"^.*(?:OutOfMemoryError|CUDA out of memory|Scheduler hit an exception).*$", re.M)
+_PREFILL_RE = re.compile(r"Prefill batch(?: \[\d+\])?, .*?#running-req: (\d+)")
+_MEM_FRACTION_RE = re.compile(r"mem_fraction_static=([0-9.]+)")
+
+
+def load_log_facts(text: str) -> dict:
+    """From a server log's lines written during the load: the largest #running-req of the decode
+    lines (`reached`) and of the prefill lines (`admitted`: requests holding a slot, decoded or not),
+    and the crash line if the scheduler died (an out-of-memory one preferred)."""
+    decode = [ln["running"] for ln in bs.parse_decode_lines(text)]
+    prefill = [int(m.group(1)) for m in _PREFILL_RE.finditer(text)]
+    crashes = [m.group(0).strip() for m in _CRASH_RE.finditer(text)]
+    oom = [c for c in crashes if "memory" in c.lower()]
+    return dict(reached=max(decode, default=0), admitted=max(prefill + decode, default=0),
+                crash=((oom or crashes) or [None])[-1], oom=bool(oom))
+
+
+def mem_fraction(text: str) -> float | None:
+    m = _MEM_FRACTION_RE.search(text)
+    return float(m.group(1)) if m else None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -201,6 +244,10 @@ def parse_args(argv=None):
     p.add_argument("--min-side-s", type=float, default=240.0,
                    help="do not start a side with less time left (it is left for the next call into the same OUT)")
     p.add_argument("--redo", action="store_true", help="probe sides that an earlier call into OUT verified")
+    p.add_argument("--oom-retries", type=int, default=1,
+                   help="relaunches at the same N when the server runs out of memory under the load")
+    p.add_argument("--oom-mem-step", type=float, default=0.1,
+                   help="--mem-fraction-static is lowered by this much per out-of-memory relaunch")
     a = p.parse_args(argv)
     a.side_list = [s for s in a.sides.split(",") if s]
     if not a.side_list or any(s not in SIDES for s in a.side_list):
@@ -213,12 +260,12 @@ def parse_args(argv=None):
     return a
 
 
-def _bench_args(a, n: int):
+def _bench_args(a, n: int, extra_args: str = ""):
     """bench_serving's argument namespace for one launch at --max-running-requests n."""
     argv = ["--out", a.out, "--model", a.model, "--study", "spec", "--input-len", str(a.input_len),
             "--output-len", str(a.output_len), "--launch-max-running-requests", str(n),
             "--cuda-graph-max-bs", str(min(a.cuda_graph_max_bs, n)), "--python", a.python,
-            "--server-args=" + " ".join(["--disable-radix-cache", a.server_args]).strip()]
+            "--server-args=" + " ".join(x for x in ["--disable-radix-cache", a.server_args, extra_args] if x)]
     if a.model_dir:
         argv += ["--model-dir", a.model_dir, "--tag", Path(a.model_dir).name]
     if a.models_dir:
@@ -226,10 +273,12 @@ def _bench_args(a, n: int):
     return bs.parse_args(argv)
 
 
-def _launch(a, model: dict, side: str, n: int, out: Path, end_time, id_range: tuple[int, int] | None = None):
-    """One server at --max-running-requests n: its record (facts, fit). With `id_range`, also
-    sends fit(n) requests at once and reads the largest #running-req of the decode-log lines."""
-    ba = _bench_args(a, n)
+def _launch(a, model: dict, side: str, n: int, out: Path, end_time, id_range: tuple[int, int] | None = None,
+            extra_args: str = ""):
+    """One server at --max-running-requests n: its record (facts, fit, mem_fraction_static). With
+    `id_range`, also sends fit(n) requests at once and reads from the log what the load reached
+    (`load_log_facts`)."""
+    ba = _bench_args(a, n, extra_args)
     port = e2e.pick_port(0, ba.host)
     cmd = bs._server_cmd(ba, model, side, port)
     log_path = out / "logs" / f"{side}_n{n}_{_dt.datetime.now().strftime('%H%M%S')}.log"
@@ -245,6 +294,11 @@ def _launch(a, model: dict, side: str, n: int, out: Path, end_time, id_range: tu
             return rec
         rec["facts"] = bs.parse_server_facts(text)
         rec["fit"] = launch_fit(rec["facts"], n, a.tokens_per_request)
+        rec["mem_fraction_static"] = mem_fraction(text)
+        m = _GPU_GB_RE.search(text)
+        rec["gpu_gb"] = float(m.group(1)) if m else None
+        if extra_args:
+            rec["extra_args"] = extra_args
         if id_range is not None:
             count = rec["fit"]["fit"]
             prompts = e2e.make_prompts(1000 + n, count, id_range[0], id_range[1], a.input_len, a.input_len)
@@ -252,8 +306,7 @@ def _launch(a, model: dict, side: str, n: int, out: Path, end_time, id_range: tu
             req_timeout = a.request_timeout if end_time is None else max(
                 10.0, min(a.request_timeout, end_time - time.time() - 25))
             rec["load"] = send_all(ba.host, port, prompts, a.output_len, a.batch, req_timeout)
-            lines = bs.parse_decode_lines(e2e._read(str(log_path))[off:])
-            rec["reached"] = max((ln["running"] for ln in lines), default=0)
+            rec.update(load_log_facts(e2e._read(str(log_path))[off:]))
         run.served = True
     return rec
 
@@ -284,8 +337,29 @@ def probe_side(a, model: dict, side: str, out: Path, end_time, id_range: tuple[i
     else:
         res["error"] = "the launch at the predicted N failed twice"
         return res
-    res["verify_launch"] = {k: v for k, v in rec.items() if k not in ("facts", "fit", "load", "reached")}
-    res["fit"], res["load"], res["reached"] = rec["fit"], rec["load"], rec["reached"]
+    # A server that admitted the requests and then ran out of memory under them (activations:
+    # SGLang sizes the pools from --mem-fraction-static and leaves the rest for activations, and
+    # the decode logits grow with the running batch) is relaunched with
+    # --mem-fraction-static lowered by --oom-mem-step (and N by what that memory held), --oom-retries
+    # times while time allows.
+    for _ in range(a.oom_retries):
+        if not (rec.get("oom") and rec.get("mem_fraction_static")):
+            break
+        if end_time is not None and end_time - time.time() < a.min_side_s / 2:
+            break
+        res.setdefault("crashed_loads", []).append(
+            {k: rec.get(k) for k in ("n", "mem_fraction_static", "crash", "admitted", "reached", "log")})
+        mf = round(rec["mem_fraction_static"] - a.oom_mem_step, 3)
+        n = n_after_mem_step(n, res.get("prediction") or {}, rec.get("gpu_gb"), a.oom_mem_step)
+        retry = _launch(a, model, side, n, out, end_time, id_range, extra_args=f"--mem-fraction-static {mf}")
+        if retry.get("error"):
+            res.setdefault("failed_launches", []).append(dict(n=n, error=retry["error"], log_tail=retry.get("log_tail")))
+            break
+        rec = retry
+    res["verify_launch"] = {k: v for k, v in rec.items() if k not in ("facts", "fit", "load", "reached", "admitted")}
+    res["fit"], res["load"], res["reached"], res["admitted"] = rec["fit"], rec["load"], rec["reached"], rec["admitted"]
+    if rec.get("crash"):
+        res["crash"] = rec["crash"]
     if "calibration" in res:
         c = res["calibration"]
         res["kv_shrinks_with_n"] = rec["fit"]["kv_tokens"] < c["fit"]["kv_tokens"]
@@ -301,17 +375,28 @@ def markdown(result: dict) -> str:
     lines += [f"- model: {result['model']['desc']} (`{result['model']['dir']}`)",
               f"- tokens per request: input {result['input_len']} + output {result['output_len']} + "
               f"{bs.SPEC_DRAFT_TOKENS} draft", "",
-              "| side | calibration N | slot MiB | KV MiB per request | predicted N* | launched N | KV tokens | fit | "
-              "max fit (upper bound) | requests sent | largest #running-req | ok | output tok/s |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "| side | calibration N | slot MiB | KV MiB per request | predicted N* | launched N | "
+              "mem fraction | KV tokens | fit | max fit (upper bound) | requests sent | admitted (#running-req, "
+              "prefill) | largest #running-req (decode) | ok | output tok/s |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for side in [x for x in SIDES if x in result["sides"]]:
         r = result["sides"][side]
         p, f, ld = r.get("prediction") or {}, r.get("fit") or {}, r.get("load") or {}
         lines.append("| " + " | ".join(str(x) for x in [
             side, (r.get("calibration") or {}).get("n", "-"), bs._f(p.get("slot_mib"), 2),
             bs._f(p.get("kv_mib_per_request"), 2), p.get("n", "-"), (r.get("verify_launch") or {}).get("n", "-"),
+            bs._f((r.get("verify_launch") or {}).get("mem_fraction_static"), 3),
             f.get("kv_tokens", "-"), f.get("fit", "-"), bound(r) if bound(r) is not None else "-", ld.get("requests", "-"),
-            r.get("reached", "-"), ld.get("ok", "-"), bs._f(ld.get("output_tok_per_s"))]) + " |")
+            r.get("admitted", "-"), r.get("reached", "-"), ld.get("ok", "-"), bs._f(ld.get("output_tok_per_s"))]) + " |")
+    for side in [x for x in SIDES if x in result["sides"]]:
+        r = result["sides"][side]
+        for c in r.get("crashed_loads") or []:
+            lines.append(f"\n{side}: at N={c['n']} with mem fraction {c['mem_fraction_static']} the server admitted "
+                         f"{c['admitted']} requests and crashed under them: `{(c['crash'] or '')[:200]}` "
+                         f"(relaunched with --mem-fraction-static lowered by the --oom-mem-step)\n")
+        if r.get("crash"):
+            lines.append(f"\n{side}: **the server crashed under the load** after admitting {r.get('admitted')} "
+                         f"requests: `{r['crash'][:200]}`\n")
         if r.get("error"):
             lines.append(f"\n{side}: **{r['error']}**\n")
     rs = result.get("ratios") or {}
@@ -328,7 +413,8 @@ def command_line(argv=None) -> str:
 
 
 def side_ok(res: dict) -> bool:
-    return not res.get("error") and (res.get("load") or {}).get("failed") == 0 and bool(res.get("reached"))
+    return (not res.get("error") and not res.get("crash") and (res.get("load") or {}).get("failed") == 0
+            and bool(res.get("reached")))
 
 
 def main(argv=None) -> int:
@@ -371,7 +457,9 @@ def main(argv=None) -> int:
         rc = rc if side_ok(res) else 1
         f = res.get("fit") or {}
         print(f"[{side}] predicted {(res.get('prediction') or {}).get('n')}, fit {f.get('fit')} (upper bound "
-              f"{bound(res)}), reached {res.get('reached')}" + (f"; {res['error']}" if res.get("error") else ""),
+              f"{bound(res)}), reached {res.get('reached')}" + (f"; {res['error']}" if res.get("error") else "")
+              + (f"; crashed under the load after admitting {res.get('admitted')}: {res['crash'][:160]}"
+                 if res.get("crash") else ""),
               flush=True)
     result["ratios"] = ratio_summary(result["sides"])
     bs.write_json(out / "fit.json", result)

@@ -60,7 +60,8 @@ def test_upstream_rings_count_as_slot_bytes():
     split = fp.memory_split(bs.parse_server_facts(log))
     assert split["parts_gb"]["upstream_rings"] == pytest.approx(0.302)
     assert split["mamba_gb"] == pytest.approx(1.15 + 0.03 + 0.302)
-    r = fp.ratio_summary({"upstream": {"fit": {"fit": 100}}, "ours": {"fit": {"fit": 150}}})
+    done = {"load": {"failed": 0}, "reached": 1}
+    r = fp.ratio_summary({"upstream": {"fit": {"fit": 100}, **done}, "ours": {"fit": {"fit": 150}, **done}})
     assert r == {"fit_ratio_vs_upstream": 1.5}
 
 
@@ -77,6 +78,8 @@ with open(env["FAKE_PIDFILE"], "a") as f:
 def log(msg):
     print(f"[fake] {msg}", flush=True)
 n = int(opt("--max-running-requests"))
+mf = float(opt("--mem-fraction-static", "0.907"))
+log(f"server_args=ServerArgs(model_path='x', mem_fraction_static={mf}, max_running_requests={n})")
 B, KV = float(env["FAKE_BUDGET_GB"]), float(env["FAKE_KV_GB_PER_TOKEN"])
 state, conv = 0.02, 0.001                     # GB per slot, both sides
 extra = 0.08 if side == "stock" else 0.005    # intermediate_ssm / rings per slot
@@ -115,6 +118,14 @@ class H(JsonHandler):
         assert isinstance(ids[0], list)
         with lock:
             running[0] += len(ids)
+            admitted = running[0]
+        if mf > float(env.get("FAKE_OOM_MF", "1.0")):
+            # SGLang's pools took the memory the decode activations needed: the first decode dies.
+            log(f"Prefill batch, #new-seq: {len(ids)}, #new-token: 8, #cached-token: 0, full token usage: 0.50, #running-req: {admitted}, #queue-req: 0, cuda graph: False, input throughput (token/s): 1.00")
+            log("Scheduler hit an exception: Traceback (most recent call last):")
+            log("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.83 GiB. GPU 0 has a total capacity of 139.80 GiB of which 1.77 GiB is free.")
+            time.sleep(0.2)
+            os._exit(1)
         time.sleep(0.4)  # every batch is in flight at once
         with lock:
             running[0] -= len(ids)
@@ -131,7 +142,7 @@ def fake(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_PIDFILE", str(pidfile))
     monkeypatch.setenv("FAKE_BUDGET_GB", "10")
     monkeypatch.setenv("FAKE_KV_GB_PER_TOKEN", "0.0001")
-    for k in ("FAKE_FAIL_ABOVE", "FAKE_ADMIT_CAP", "SGLANG_PLUGINS"):
+    for k in ("FAKE_FAIL_ABOVE", "FAKE_ADMIT_CAP", "FAKE_OOM_MF", "SGLANG_PLUGINS"):
         monkeypatch.delenv(k, raising=False)
     d = tmp_path / "model"
     d.mkdir()
@@ -214,3 +225,51 @@ def test_sides_in_separate_calls_are_merged_and_the_budget_leaves_a_side(fake):
     assert report.index("| stock |") < report.index("| ours |")
     rc, res = _probe(fake, "--sides", "stock", "--redo")
     assert rc == 0 and list(res["sides"]) == ["stock"]
+
+
+# Lines of the session-11 H200 log of our server launched at N=3227 with SGLang's default
+# --mem-fraction-static (0.907): it admitted 3200 requests, then the first decode ran out of memory.
+H200_CRASH_LOG = """\
+[2026-12-01 03:53:29] Prefill batch, #new-seq: 16, #new-token: 8192, #cached-token: 0, full token usage: 0.58, mamba usage: 1.00, #running-req: 3184, #queue-req: 11, #pending-token: 13824, cuda graph: False, input throughput (token/s): 111528.85
+[2026-12-01 03:53:29] Prefill batch, #new-seq: 16, #new-token: 8192, #cached-token: 0, full token usage: 0.58, mamba usage: 1.00, #running-req: 3200, #queue-req: 0, #pending-token: 5632, cuda graph: False, input throughput (token/s): 99032.78
+[2026-12-01 03:53:30] Scheduler hit an exception: Traceback (most recent call last):
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.83 GiB. GPU 0 has a total capacity of 139.80 GiB of which 1.77 GiB is free.
+"""
+
+
+def test_load_facts_of_a_server_that_crashed_under_the_load():
+    f = fp.load_log_facts(H200_CRASH_LOG)
+    assert f["admitted"] == 3200 and f["reached"] == 0 and f["oom"]
+    assert f["crash"].startswith("torch.OutOfMemoryError")
+    ok = fp.load_log_facts(H200_CRASH_LOG.split("[2026-12-01 03:53:30]")[0])
+    assert ok == dict(reached=0, admitted=3200, crash=None, oom=False)
+    assert fp.mem_fraction("server_args=ServerArgs(mem_fraction_static=0.907, x=1)") == 0.907
+
+
+def test_an_out_of_memory_load_is_relaunched_with_a_lower_mem_fraction(fake, monkeypatch):
+    monkeypatch.setenv("FAKE_OOM_MF", "0.85")  # the fake dies under load above this fraction
+    rc, res = _probe(fake, "--sides", "ours", "--start-n", "ours=100")
+    assert rc == 0
+    r = res["sides"]["ours"]
+    assert [c["mem_fraction_static"] for c in r["crashed_loads"]] == [0.907]
+    assert r["crashed_loads"][0]["admitted"] > 0 and "OutOfMemoryError" in r["crashed_loads"][0]["crash"]
+    assert r["verify_launch"]["mem_fraction_static"] == 0.807 and "crash" not in r
+    assert r["reached"] == r["fit"]["fit"] == 100
+    report = (fake["out"] / "report.md").read_text()
+    assert "crashed under them" in report and "| 0.807 |" in report
+    # with no relaunch allowed the side stays crashed, and a crashed side enters no ratio
+    monkeypatch.setenv("FAKE_OOM_MF", "0.5")
+    rc, res = _probe(fake, "--sides", "stock,ours", "--start-n", "stock=50,ours=100", "--redo", "--oom-retries", "0")
+    assert rc == 1
+    assert res["sides"]["ours"]["crash"] and res["ratios"] == {}
+    assert "**the server crashed under the load**" in (fake["out"] / "report.md").read_text()
+    assert_all_stopped(fake["pidfile"])
+
+
+def test_a_relaunch_with_less_memory_asks_for_fewer_requests():
+    # session 11, ours: slot 30.99 MiB + KV 7.54 MiB per request, 139.09 GB on the GPU at start
+    pred = {"slot_mib": 30.99, "kv_mib_per_request": 7.54}
+    assert fp.n_after_mem_step(3227, pred, 139.09, 0.1) == 3227 - 370
+    assert fp.n_after_mem_step(3227, {"n": 3227, "source": "--start-n"}, 139.09, 0.1) == 3227
+    assert fp.n_after_mem_step(3227, pred, None, 0.1) == 3227
+    assert fp.n_after_mem_step(10, pred, 139.09, 0.1) == 1
