@@ -144,9 +144,9 @@ def override(name: str, cfg: tuple):
 _RING_MIN_BATCH = {"gdn": 256, "mamba2": 1}
 
 
-# The split plans that `bench_kernels.py --sweep` times and `kernel_regs.py` screens (not measured
-# yet; docs/perf.md).
-# The 16-row flush plans of session 10 gave flush outputs one bit off SGLang's on the H200 (2026-12-01),
+# The split plans that `bench_kernels.py --sweep` times and `kernel_regs.py` screens (docs/perf.md
+# run 6: 1.68-1.79x of SGLang's SSU at batch 256, Super shape, against 2.13x for the one-launch
+# default, so none is the default). The 16-row flush plans of session 10 gave flush outputs one bit off SGLang's on the H200 (2026-12-01),
 # so every flush tile here has >= 32 rows (mamba2/common.py MIN_FLUSH_ROWS).
 MAMBA2_DECODE_SWEEP = ((1, 32, 4, 2), (1, 32, 8, 2), (1, 64, 8, 2))
 
@@ -156,8 +156,7 @@ def mamba2_decode_plan() -> tuple[int, int, int, int]:
     `mamba2/common.py`'s table for every row. split 1: the flush rows first, in a launch of their
     own with a `[BM, next_pow2(N)]` tile (no sub-tiles) and these warps / stages, then the
     non-flush rows with the table's tile; each launch skips the other kind's rows. The default is
-    the one-launch plan measured in docs/perf.md (run 3); split plans are for the kernel sweep
-    (`bench_kernels.py --sweep`), not measured yet."""
+    the one-launch plan (docs/perf.md runs 3 and 6; the split plans were slower in run 6)."""
     if "mamba2_decode" in _OVERRIDES:
         return tuple(int(x) for x in _OVERRIDES["mamba2_decode"])  # type: ignore[return-value]
     return (0, 0, 0, 0)
@@ -189,14 +188,14 @@ def mamba2_tile(kernel: str, P: int, N: int, rows: int | None = None):
     if name in _OVERRIDES:
         return tuple(int(x) for x in _OVERRIDES[name])
     bm, nc, warps = _MAMBA2_CHUNK_DEFAULT
-    if rows is None or rows < mamba2_chunk_min_batch() or P % bm or bm * triton_next_pow2(N) < 4 * 32 * warps:
+    if rows is None or rows < mamba2_chunk_min_batch() or P % bm or bm * _next_pow2(N) < 4 * 32 * warps:
         return None
     if kernel == "verify" or (kernel == "decode" and P % 64):
         return _MAMBA2_CHUNK_DEFAULT
     return None
 
 
-def triton_next_pow2(n: int) -> int:
+def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 

@@ -188,6 +188,7 @@ def chunked_tile(BM: int, NC: int, BMF: int, warps: int, stages: int, P: int, N:
     BN = triton.next_power_of_2(N)
     min_bm = max(1, (4 * 32 * warps) // BN)
     if BM < min_bm or BM & (BM - 1):
-        raise ValueError(f"Mamba-2 tile: BM={BM} must be a power of two >= {min_bm} for {warps} warps and N={N}")
+        raise ValueError(f"Mamba-2 chunked tile: BM={BM} must be a power of two >= {min_bm} for {warps} warps "
+                         f"and N={N}; fix mamba2_decode_tile / mamba2_verify_tile in REPLAYSSM_CONFIG or unset it")
     NC = max(1, min(NC, triton.cdiv(P, BM)))
     return TileConfig(BM=BM, BMF=max(BMF, MIN_FLUSH_ROWS, min_bm), BN=BN, num_warps=warps, num_stages=stages, NC=NC)
