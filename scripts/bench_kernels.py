@@ -392,7 +392,7 @@ def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES, sweep=False):
     from sglang.kernels.ops.mamba.triton_ops.mamba_ssm import selective_state_update
 
     from replayssm_kernels import commit_prepare, decode_prepare
-    from replayssm_kernels.configs import MAMBA2_DECODE_SWEEP, MAMBA2_TILE_SWEEP, override, ring_min_batch
+    from replayssm_kernels.configs import MAMBA2_TILE_SWEEP, MAMBA2_UNROLL_SWEEP, override, ring_min_batch
     from replayssm_kernels.mamba2 import (
         alloc_mamba2_rings,
         mamba2_replay_decode,
@@ -508,6 +508,9 @@ def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES, sweep=False):
             for tile in (MAMBA2_TILE_SWEEP if sweep else ()):
                 with override("mamba2_verify_tile", tile):
                     row[f"spec_ours_t{'x'.join(map(str, tile))}_us"] = time_graph(ours_spec, sets * n_steps, reps)
+            for unroll in (MAMBA2_UNROLL_SWEEP if sweep else ()):  # the commit fold replays too
+                with override("mamba2_replay_unroll", (unroll,)):
+                    row[f"spec_ours_u{unroll}_us"] = time_graph(ours_spec, sets * n_steps, reps)
             del rings, rings_all, state
             torch.cuda.empty_cache()
             row["decode_bytes_ssu"] = m2_decode_bytes_baseline(Bsz, NH, P, N, G)
@@ -519,10 +522,12 @@ def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES, sweep=False):
 
 def m2_decode_plans():
     """(key, [(override name, plan), ...]) of the Mamba-2 decode plans the sweep times besides the
-    default: the split plans, the chunked tiles, and the first split plan with each four-warp chunked tile."""
-    from replayssm_kernels.configs import MAMBA2_DECODE_SWEEP, MAMBA2_TILE_SWEEP
+    default: the split plans, the exact replay's other unroll depths (`u<n>`), the chunked tiles, and
+    the first split plan with each four-warp chunked tile."""
+    from replayssm_kernels.configs import MAMBA2_DECODE_SWEEP, MAMBA2_TILE_SWEEP, MAMBA2_UNROLL_SWEEP
 
     plans = [("x".join(map(str, p)), [("mamba2_decode", p)]) for p in MAMBA2_DECODE_SWEEP]
+    plans += [(f"u{u}", [("mamba2_replay_unroll", (u,))]) for u in MAMBA2_UNROLL_SWEEP]
     for t in MAMBA2_TILE_SWEEP:
         key = "t" + "x".join(map(str, t))
         plans.append((key, [("mamba2_decode_tile", t)]))
@@ -536,7 +541,7 @@ def m2_correctness_check(sweep=False):
     """Quick on-GPU check before timing, at both Mamba-2 head shapes (Nemotron-3-Super P=64,
     Nemotron-Nano P=80): bit-exact committed state after every decode step and commit, outputs
     within the baseline's error, for every decode plan and verify tile that will be timed."""
-    from replayssm_kernels.configs import MAMBA2_TILE_SWEEP, override
+    from replayssm_kernels.configs import MAMBA2_TILE_SWEEP, MAMBA2_UNROLL_SWEEP, override
 
     t = _load_test_module("test_mamba2_kernels.py")
     for P in (64, 80):
@@ -549,6 +554,9 @@ def m2_correctness_check(sweep=False):
         t.test_mamba2_verify_commit(4, 128, P, 8, 128, 16, 4, torch.bfloat16, False, False, 20)
         for tile in (MAMBA2_TILE_SWEEP if sweep else ()):
             with override("mamba2_verify_tile", tile):
+                t.test_mamba2_verify_commit(4, 128, P, 8, 128, 16, 4, torch.bfloat16, True, False, 20)
+        for unroll in (MAMBA2_UNROLL_SWEEP if sweep else ()):
+            with override("mamba2_replay_unroll", (unroll,)):
                 t.test_mamba2_verify_commit(4, 128, P, 8, 128, 16, 4, torch.bfloat16, True, False, 20)
 
 

@@ -113,7 +113,12 @@ def mamba2_rows(NH=128, P=64, G=8, N=128, L=16, T=4):
     """The Mamba-2 decode kernel: the default one-launch tile, the split plans' launches
     (`configs.mamba2_decode_plan`; the plans of `configs.MAMBA2_DECODE_SWEEP`) and the chunked tiles
     (`configs.MAMBA2_TILE_SWEEP`); the verify kernel with the default and the chunked tiles."""
-    from replayssm_kernels.configs import MAMBA2_DECODE_SWEEP, MAMBA2_TILE_SWEEP
+    from replayssm_kernels.configs import (
+        MAMBA2_DECODE_SWEEP,
+        MAMBA2_TILE_SWEEP,
+        MAMBA2_UNROLL_SWEEP,
+        mamba2_replay_unroll,
+    )
     from replayssm_kernels.mamba2 import common, decode, verify
 
     act = {n: "*bf16" for n in ("x", "dt", "Bm", "C", "z", "o", "ring_x", "ring_B", "ring_dt")}
@@ -130,8 +135,10 @@ def mamba2_rows(NH=128, P=64, G=8, N=128, L=16, T=4):
     plans.append(("split non-flush", 2, default))
     chunked = [common.chunked_tile(bm, nc, default.BMF, w, default.num_stages, P, N) for bm, nc, w in MAMBA2_TILE_SWEEP]
     plans += [("chunked", 0, t) for t in chunked]
-    for what, mode, t in plans:
-        c = dict(head, UNROLL=common.REPLAY_UNROLL, BM=t.BM, BMF=t.BMF, BN=t.BN, MODE=mode, NC=t.NC)
+    plans = [(w, m, t, mamba2_replay_unroll()) for w, m, t in plans]
+    plans += [(f"one launch, replay unroll {u}", 0, default, u) for u in MAMBA2_UNROLL_SWEEP]
+    for what, mode, t, unroll in plans:
+        c = dict(head, UNROLL=unroll, BM=t.BM, BMF=t.BMF, BN=t.BN, MODE=mode, NC=t.NC)
         rows.append((f"decode {what} (BM {t.BM} x {t.NC}, BMF {t.BMF}, w{t.num_warps})",
                      *ptxas_report(kern, signature(kern, ptrs, c), c, t.num_warps, t.num_stages)))
     kern = verify._mamba2_verify_kernel

@@ -121,15 +121,16 @@ def m2_tables(rows, copy_gbps):
     return out
 
 
-_M2_PLAN_RE = re.compile(r"^decode_ours_((?:\d+x\d+x\d+x\d+)?(?:_?t\d+x\d+x\d+)?)_us$")
-_M2_VERIFY_RE = re.compile(r"^spec_ours_(t\d+x\d+x\d+)_us$")
+_M2_PLAN_RE = re.compile(r"^decode_ours_((?:\d+x\d+x\d+x\d+)?(?:_?t\d+x\d+x\d+)?|u\d+)_us$")
+_M2_VERIFY_RE = re.compile(r"^spec_ours_(t\d+x\d+x\d+|u\d+)_us$")
 
 
 def m2_plan_tables(rows):
     """The Mamba-2 plans timed by `bench_kernels.py --sweep`, one table per shape with a line per plan
     and a column pair per batch: decode plans (keys `decode_ours_<plan>_us` / `..._staggered_us`;
-    `S x BM x W x ST` = split plan, `tBM x NC x W` = chunked tile, both joined by `_`) against
-    SGLang's SSU, and verify tiles (`spec_ours_t<tile>_us`) against SGLang's verify + scatter."""
+    `S x BM x W x ST` = split plan, `tBM x NC x W` = chunked tile, both joined by `_`; `u<n>` = the
+    exact replay unrolled n entries) against SGLang's SSU, and verify tiles / unroll depths
+    (`spec_ours_t<tile>_us`, `spec_ours_u<n>_us`) against SGLang's verify + scatter."""
     out = []
     for shape in dict.fromkeys(r["shape"] for r in rows if r["family"] == "mamba2"):
         sub = [r for r in rows if r["family"] == "mamba2" and r["shape"] == shape]
@@ -150,7 +151,8 @@ def m2_plan_tables(rows):
                     cells += [f"{_us(a)} / {_us(b)}", f"{_x(ssu, a)} / {_x(ssu, b)}"]
                 out.append(f"| {'default' if p is None else '`' + p + '`'} | " + " | ".join(cells) + " |")
         if tiles:
-            out.append(f"\n**Mamba-2 {shape}: verify tiles, verify + commit at T=4 vs SGLang's verify + scatter**\n")
+            out.append(f"\n**Mamba-2 {shape}: verify tiles and replay unroll, verify + commit at T=4 vs SGLang's "
+                       "verify + scatter**\n")
             out += [head, rule, "| stock | " + " | ".join(f"{_us(r.get('spec_stock_us'))} | 1.00x" for r in sub) + " |"]
             for t in [None] + tiles:
                 cells = []

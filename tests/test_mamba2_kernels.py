@@ -276,6 +276,20 @@ def test_mamba2_verify_commit(B, NH, P, G, N, L, T_max, dtype, has_z, hot, steps
     assert not pool[0].any() and not pool[-1].any(), "spare slots were written"
 
 
+@pytest.mark.parametrize("unroll", [8, 16])
+def test_mamba2_replay_unroll_depths_are_exact(unroll):
+    """Other straight-line depths of the exact replay (`configs.mamba2_replay_unroll`, timed by the
+    kernel sweep): decode flushes and commit folds stay bit-exact, through the chunked main loop and
+    the one-entry remainder loop."""
+    from replayssm_kernels.configs import mamba2_replay_unroll, override
+
+    with override("mamba2_replay_unroll", (unroll,)):
+        assert mamba2_replay_unroll() == unroll
+        test_mamba2_decode(2, 2, 20, 2, 16, 16, bf16, True, False, 36)
+        test_mamba2_verify_commit(2, 4, 20, 2, 16, 16, 4, bf16, True, False, 20)
+    assert mamba2_replay_unroll() == 4
+
+
 @pytest.mark.parametrize("tile,case", CHUNKED_VERIFY)
 def test_mamba2_verify_chunked_tiles(tile, case):
     """The verify with several P-chunks per program: outputs within the baseline's error, the

@@ -18,7 +18,8 @@ _OVERRIDES: dict[str, tuple[int, int, int]] = {}
 # name -> accepted numbers of `x`-separated integers
 _OVERRIDE_ARITY = {"gdn_decode": (7,), "gdn_verify": (3, 4), "gdn_fold_cols": (1,), "gdn_ring_min_batch": (1,),
                    "mamba2_ring_min_batch": (1,), "mamba2_decode": (4,),
-                   "mamba2_decode_tile": (3,), "mamba2_verify_tile": (3,), "mamba2_chunk_min_batch": (1,)}
+                   "mamba2_decode_tile": (3,), "mamba2_verify_tile": (3,), "mamba2_chunk_min_batch": (1,),
+                   "mamba2_replay_unroll": (1,)}
 
 
 def _env_overrides() -> None:
@@ -49,6 +50,7 @@ def describe() -> str:
         f"gdn_ring_min_batch={ring_min_batch('gdn')} (below: SGLang's packed decode on folded checkpoints; "
         "a GDN server without speculative decoding that cannot run this many requests allocates no rings)",
         f"mamba2_ring_min_batch={ring_min_batch('mamba2')} (below: exact recurrence every step)",
+        f"mamba2_replay_unroll={mamba2_replay_unroll()} (ring entries per straight-line chunk of the exact replay)",
         "mamba2_decode=" + "x".join(map(str, m2_plan))
         + (" (one launch, the tile table's decode tile)" if m2_plan[0] == 0
            else " (flush rows in their own launch: split x BM x warps x stages)"),
@@ -203,6 +205,20 @@ def mamba2_chunk_min_batch() -> int:
     if "mamba2_chunk_min_batch" in _OVERRIDES:
         return _OVERRIDES["mamba2_chunk_min_batch"][0]
     return _MAMBA2_CHUNK_MIN_BATCH
+
+
+# Raw ring entries the Mamba-2 exact replay (decode flush, commit fold) runs as one straight-line
+# chunk, so a chunk's loads need not wait on the state chain. 4 is what every run so far measured;
+# `bench_kernels.py --sweep` also times MAMBA2_UNROLL_SWEEP (the replay order, hence the bits, is
+# the same for any value).
+_MAMBA2_REPLAY_UNROLL = 4
+MAMBA2_UNROLL_SWEEP = (8, 16)
+
+
+def mamba2_replay_unroll() -> int:
+    if "mamba2_replay_unroll" in _OVERRIDES:
+        return _OVERRIDES["mamba2_replay_unroll"][0]
+    return _MAMBA2_REPLAY_UNROLL
 
 
 def ring_min_batch(family: str) -> int:

@@ -128,8 +128,6 @@ _TILE_TABLE = {
 # SGLang's SSU in the last bit (state still bit-exact); 32-row tiles (4 or 8 warps) matched. The
 # CPU interpreter cannot see this (no layouts there).
 MIN_FLUSH_ROWS = 32
-# Ring entries replayed per straight-line chunk by the exact fold (decode flush and commit fold).
-REPLAY_UNROLL = 4
 
 
 @dataclass(frozen=True)

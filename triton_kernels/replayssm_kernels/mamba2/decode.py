@@ -28,10 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import mamba2_decode_plan
+from ..configs import mamba2_decode_plan, mamba2_replay_unroll
 from .common import (
     MIN_FLUSH_ROWS,
-    REPLAY_UNROLL,
     mamba2_dt,
     mamba2_exact_output,
     mamba2_exact_step,
@@ -278,7 +277,7 @@ def mamba2_replay_decode(
             *strides, stride_o,
             state.stride(0), rings.x.stride(0), rings.B.stride(0), rings.dt.stride(0),
             NH=NH, P=P, G=G, N=N, BM=tile.BM, BMF=tile.BMF, BN=tile.BN, RL=RL, RLB=triton.next_power_of_2(RL),
-            HAS_Z=z is not None, UNROLL=REPLAY_UNROLL, MODE=mode, NC=tile.NC,
+            HAS_Z=z is not None, UNROLL=mamba2_replay_unroll(), MODE=mode, NC=tile.NC,
             **tile.launch,
         )
     return out

@@ -18,7 +18,8 @@ import triton
 import triton.language as tl
 
 from ..cursors import load_fold_plan
-from .common import REPLAY_UNROLL, mamba2_replay, tile_config
+from ..configs import mamba2_replay_unroll
+from .common import mamba2_replay, tile_config
 from .rings import Mamba2Rings, check_mamba2_rings
 
 
@@ -166,6 +167,6 @@ def mamba2_replay_fold(
         rings.x.stride(0), rings.x.stride(1), rings.B.stride(0), rings.B.stride(1),
         rings.dt.stride(0), rings.dt.stride(1), A.stride(0), dt_bias.stride(0),
         NH=NH, P=P, G=G, N=N, BM=cfg.BM, BN=cfg.BN, RL=rings.ring_len, HAS_DST=has_dst, HAS_SNAP=has_snap,
-        UNROLL=REPLAY_UNROLL, FROM_CURSORS=from_cursors,
+        UNROLL=mamba2_replay_unroll(), FROM_CURSORS=from_cursors,
         **cfg.launch,
     )
