@@ -144,7 +144,13 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
     from sglang.kernels.ops.mamba.mamba_state_scatter_triton import fused_mamba_state_scatter_with_mask
 
     from replayssm_kernels import commit_prepare, decode_prepare
-    from replayssm_kernels.configs import gdn_decode_config, gdn_verify_config, override, ring_min_batch
+    from replayssm_kernels.configs import (
+        GDN_UNROLL_SWEEP,
+        gdn_decode_config,
+        gdn_verify_config,
+        override,
+        ring_min_batch,
+    )
     from replayssm_kernels.gdn import alloc_gdn_rings, gdn_replay_decode, gdn_replay_fold, gdn_replay_verify
 
     dev, act = "cuda", torch.bfloat16
@@ -227,6 +233,10 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
             best = min(DECODE_CONFIGS, key=lambda c: row["decode_ours_staggered_us_" + "x".join(map(str, c))])
             row["decode_ours_staggered_cfg"] = "x".join(map(str, best))
             row["decode_ours_staggered_us"] = row["decode_ours_staggered_us_" + row["decode_ours_staggered_cfg"]]
+            for unroll in (GDN_UNROLL_SWEEP if sweep else ()):  # the default plan with a deeper exact replay
+                with override("gdn_replay_unroll", (unroll,)):
+                    for suffix, snaps in (("", snaps_sync), ("_staggered", snaps)):  # ours_decode reads `snaps`
+                        row[f"decode_ours{suffix}_us_u{unroll}"] = time_graph(ours_decode, sets * L, reps)
             # Small-batch mode (configs.ring_min_batch): every row flushes every step on an empty ring.
             exact = [(torch.zeros(B, dtype=torch.int32, device=dev), torch.ones(B, dtype=torch.int32, device=dev))
                      for _ in range(sets)]
@@ -321,6 +331,9 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
             row["spec_ours_us"] = row["spec_ours_us_" + row["spec_ours_cfg"]]
             with override("gdn_verify", best), override("gdn_fold_cols", (32,)):
                 row["spec_ours_fold32_us"] = time_graph(ours_spec, sets * n_steps, reps)
+            for unroll in (GDN_UNROLL_SWEEP if sweep else ()):
+                with override("gdn_verify", best), override("gdn_replay_unroll", (unroll,)):
+                    row[f"spec_ours_us_u{unroll}"] = time_graph(ours_spec, sets * n_steps, reps)
             del rings, rings_all, state
             torch.cuda.empty_cache()
             row["decode_bytes_packed"] = gdn_decode_bytes_baseline(B, H, HV, K, V)
@@ -330,8 +343,9 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
             print(json.dumps(row), flush=True)
 
 
-def gdn_correctness_check():
-    """Quick on-GPU check before timing: bit-exact committed state, decode and spec."""
+def gdn_correctness_check(sweep=False):
+    """Quick on-GPU check before timing: bit-exact committed state, decode and spec (also with the
+    replay-unroll depths the sweep times)."""
     t = _load_test_module("test_gdn_kernels.py")
 
     def check(name, out, base, ref, dtype):
@@ -339,7 +353,7 @@ def gdn_correctness_check():
         eb = (base.double() - ref.double()).abs().max().item()
         assert err <= 2 * eb + {torch.bfloat16: 1e-3, torch.float32: 1e-4}[dtype], (name, err, eb)
 
-    from replayssm_kernels.configs import override
+    from replayssm_kernels.configs import GDN_UNROLL_SWEEP, override
 
     for cfg in DECODE_CONFIGS:
         with override("gdn_decode", cfg):
@@ -351,6 +365,10 @@ def gdn_correctness_check():
             t.test_gdn_verify_commit(2, 4, 8, 128, 128, 16, 4, torch.float32, 10, "cuda", check)
     with override("gdn_fold_cols", (32,)):
         t.test_gdn_verify_commit(4, 16, 32, 128, 128, 16, 4, torch.bfloat16, 20, "cuda", check)
+    for unroll in (GDN_UNROLL_SWEEP if sweep else ()):
+        with override("gdn_replay_unroll", (unroll,)):
+            t.test_gdn_decode(2, 16, 32, 128, 128, 16, torch.bfloat16, 34, "cuda", check)
+            t.test_gdn_verify_commit(4, 16, 32, 128, 128, 16, 4, torch.bfloat16, 20, "cuda", check)
 
 
 # --------------------------------------------------------------------------------------------
@@ -623,7 +641,7 @@ def main(argv=None):
     L, T, reps = args.ring_len, args.draft_tokens, args.reps
     if not args.skip_check:
         if args.family in ("all", "gdn"):
-            gdn_correctness_check()
+            gdn_correctness_check(args.sweep)
             print("gdn correctness check on GPU: ok", flush=True)
         if args.family in ("all", "mamba2"):
             m2_correctness_check(args.sweep)

@@ -58,6 +58,7 @@ def signature(kernel, pointers: dict, constexprs: dict) -> dict:
 
 
 def gdn_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
+    from replayssm_kernels.configs import GDN_UNROLL_SWEEP, gdn_replay_unroll
     from replayssm_kernels.gdn import decode, fold, verify, verify_mm
 
     act = {n: "*bf16" for n in ("q", "k", "v", "a", "b", "o", "ring_d", "ring_rawv", "ring_rawk")}
@@ -71,7 +72,8 @@ def gdn_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
                                          (1, 32, 2, 8, 0), (1, 64, 4, 8, 0), (1, 64, 2, 8, 1)):
         phases = (0,) if not split else (2, 1)
         for phase in phases:
-            c = dict(head, BV=32 if phase == 2 else bv, BVF=fcols, USE_DOT=bool(dot), EVICT=True, PHASE=phase)
+            c = dict(head, BV=32 if phase == 2 else bv, BVF=fcols, USE_DOT=bool(dot), EVICT=True, PHASE=phase,
+                     UNROLL=gdn_replay_unroll())
             w = 1 if phase != 1 else warps
             name = f"decode {'fused' if phase == 0 else ('flush' if phase == 2 else 'non-flush')} " \
                    f"bv{c['BV']} w{w} flushcols{fcols}{' dot' if dot else ''}"
@@ -103,9 +105,11 @@ def gdn_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
             rows.append((f"{what}: two-launch state bv{bv} w1",
                          *ptxas_report(kern, signature(kern, ptrs_split, c), c, 1, 2)))
     for bvf in (32, 8):
-        c = dict(H=H, HV=HV, K=K, V=V, BK=head["BK"], BV=32, BVF=bvf, RL=L, HAS_DST=False, HAS_SNAP=True)
-        rows.append((f"fold bv32 w1 cols{bvf}", *ptxas_report(fold._gdn_fold_kernel,
-                                                             signature(fold._gdn_fold_kernel, ptrs, c), c, 1)))
+        for unroll in (gdn_replay_unroll(), *GDN_UNROLL_SWEEP):
+            c = dict(H=H, HV=HV, K=K, V=V, BK=head["BK"], BV=32, BVF=bvf, RL=L, HAS_DST=False, HAS_SNAP=True,
+                     UNROLL=unroll)
+            rows.append((f"fold bv32 w1 cols{bvf} unroll {unroll}",
+                         *ptxas_report(fold._gdn_fold_kernel, signature(fold._gdn_fold_kernel, ptrs, c), c, 1)))
     return rows
 
 

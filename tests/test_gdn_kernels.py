@@ -435,3 +435,18 @@ def test_gdn_fold_from_cursors_equals_the_pending_plan(device):
     gdn_replay_fold(state, rings, slot, None, None, dst=d_got, dst_idx=dst_idx, cursors=(wpos, origin))
     assert torch.equal(d_got, d_ref) and d_ref.any()
     assert wpos[[5, 0, 2]].tolist() == [4, 0, 3] and origin[[5, 0, 2]].tolist() == [1, 2, 3]
+
+
+@pytest.mark.parametrize("unroll", [4, 3])
+def test_gdn_replay_unroll_depths_are_exact(unroll, device, assert_within_baseline):
+    """Other straight-line depths of the GDN exact replay (`configs.gdn_replay_unroll`, timed by the
+    kernel sweep): decode flushes, commit folds and the radix-track snapshot inside an unrolled chunk
+    stay bit-exact, through the chunked main loop and the one-entry remainder loop."""
+    from replayssm_kernels.configs import gdn_replay_unroll, override
+
+    with override("gdn_replay_unroll", (unroll,)):
+        assert gdn_replay_unroll() == unroll
+        test_gdn_decode(3, 2, 4, 32, 16, 16, bf16, 36, device, assert_within_baseline)
+        test_gdn_verify_commit(3, 2, 4, 32, 16, 16, 4, bf16, 24, device, assert_within_baseline)
+        test_gdn_fold_snapshot_at_track_step(device)
+    assert gdn_replay_unroll() == 1

@@ -19,7 +19,7 @@ _OVERRIDES: dict[str, tuple[int, int, int]] = {}
 _OVERRIDE_ARITY = {"gdn_decode": (7,), "gdn_verify": (3, 4), "gdn_fold_cols": (1,), "gdn_ring_min_batch": (1,),
                    "mamba2_ring_min_batch": (1,), "mamba2_decode": (4,),
                    "mamba2_decode_tile": (3,), "mamba2_verify_tile": (3,), "mamba2_chunk_min_batch": (1,),
-                   "mamba2_replay_unroll": (1,)}
+                   "mamba2_replay_unroll": (1,), "gdn_replay_unroll": (1,)}
 
 
 def _env_overrides() -> None:
@@ -47,6 +47,7 @@ def describe() -> str:
         "gdn_decode=" + gdn_decode_config(128, 128).key(),
         "gdn_verify=" + "x".join(map(str, gdn_verify_config(128, 128, 4))),
         f"gdn_fold_cols={gdn_fold_cols()}",
+        f"gdn_replay_unroll={gdn_replay_unroll()} (ring entries per straight-line chunk of the exact replay)",
         f"gdn_ring_min_batch={ring_min_batch('gdn')} (below: SGLang's packed decode on folded checkpoints; "
         "a GDN server without speculative decoding that cannot run this many requests allocates no rings)",
         f"mamba2_ring_min_batch={ring_min_batch('mamba2')} (below: exact recurrence every step)",
@@ -219,6 +220,18 @@ def mamba2_replay_unroll() -> int:
     if "mamba2_replay_unroll" in _OVERRIDES:
         return _OVERRIDES["mamba2_replay_unroll"][0]
     return _MAMBA2_REPLAY_UNROLL
+
+
+# The same for the GDN exact replay (decode flush, commit fold): 1 (one entry per loop iteration)
+# is what every run so far measured; `bench_kernels.py --sweep` also times GDN_UNROLL_SWEEP.
+_GDN_REPLAY_UNROLL = 1
+GDN_UNROLL_SWEEP = (4,)
+
+
+def gdn_replay_unroll() -> int:
+    if "gdn_replay_unroll" in _OVERRIDES:
+        return _OVERRIDES["gdn_replay_unroll"][0]
+    return _GDN_REPLAY_UNROLL
 
 
 def ring_min_batch(family: str) -> int:

@@ -59,3 +59,39 @@ def gdn_exact_step(b_h, b_k, b_v, b_g, b_beta):
     b_v *= b_beta
     b_h += b_k[:, None] * b_v[None, :]
     return b_h, b_k
+
+
+@triton.jit
+def _gdn_replay_entry(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, phys, K: tl.constexpr, V: tl.constexpr):
+    b_rk = tl.load(p_rk + phys * K + o_k, mask=mask_k, other=0).to(tl.float32)
+    b_rv = tl.load(p_rv + phys * V + o_v, mask=mask_v, other=0).to(tl.float32)
+    b_rg = tl.load(p_rg + phys)
+    b_rb = tl.load(p_rb + phys)
+    b_h, b_rk = gdn_exact_step(b_h, b_rk, b_rv, b_rg, b_rb)
+    return b_h
+
+
+@triton.jit
+def gdn_replay(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org, n, p_snap, snap_at, mask_h,
+               K: tl.constexpr, V: tl.constexpr, RL: tl.constexpr, UNROLL: tl.constexpr, HAS_SNAP: tl.constexpr):
+    """Replay ring entries `0..n-1` (physical `(org + j) % RL`) into the `[BK, BVF]` tile, exactly.
+
+    `p_rk` / `p_rv` point at this key / value head's raw-k / raw-v ring row 0 (no column offsets),
+    `p_rg` / `p_rb` at its g / beta ring. Whole chunks of `UNROLL` entries are straight-line code
+    (their loads need not wait on the state chain); the remainder runs one entry at a time. With
+    HAS_SNAP the tile after entry `snap_at - 1` is also stored at `p_snap` (radix track).
+    """
+    n_main = (n // UNROLL) * UNROLL
+    for j0 in range(0, n_main, UNROLL):
+        for u in tl.static_range(UNROLL):
+            b_h = _gdn_replay_entry(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, (org + j0 + u) % RL, K, V)
+            if HAS_SNAP:
+                if j0 + u + 1 == snap_at:
+                    tl.store(p_snap, b_h.to(p_snap.dtype.element_ty), mask=mask_h)
+    if UNROLL > 1:
+        for j in range(n_main, n):
+            b_h = _gdn_replay_entry(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, (org + j) % RL, K, V)
+            if HAS_SNAP:
+                if j + 1 == snap_at:
+                    tl.store(p_snap, b_h.to(p_snap.dtype.element_ty), mask=mask_h)
+    return b_h

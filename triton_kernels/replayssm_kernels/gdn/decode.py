@@ -23,8 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import gdn_decode_config
-from .common import gdn_exact_step, gdn_gate, gdn_l2norm, gdn_tile_ids
+from ..configs import gdn_decode_config, gdn_replay_unroll
+from .common import gdn_exact_step, gdn_gate, gdn_l2norm, gdn_replay, gdn_tile_ids
 from .rings import GDNRings, check_gdn_rings
 from .verify import _verify_split
 
@@ -42,7 +42,7 @@ _FUSED, _NONFLUSH, _FLUSH = 0, 1, 2
 def _decode_flush(
     p_hs, p_vin, p_o, p_rk, p_rv, p_rg, p_rb, b_q, b_k, b_g, b_beta, wp, org, i_v, scale,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr,
-    RL: tl.constexpr,
+    RL: tl.constexpr, UNROLL: tl.constexpr,
 ):
     """Exact replay of the pending raw entries, then of this token, then the baseline's readout;
     one BVF-column sub-tile at a time (per-column arithmetic is independent of BVF)."""
@@ -56,13 +56,8 @@ def _decode_flush(
         mask_h = mask_k[:, None] & mask_v[None, :]
         p_h = p_hs + o_v[None, :] * K + o_k[:, None]
         b_h = tl.load(p_h, mask=mask_h, other=0).to(tl.float32)
-        for j in range(0, wp):
-            phys = (org + j) % RL
-            b_rk = tl.load(p_rk + phys * K + o_k, mask=mask_k, other=0).to(tl.float32)
-            b_rv = tl.load(p_rv + phys * V + o_v, mask=mask_v, other=0).to(tl.float32)
-            b_rg = tl.load(p_rg + phys)
-            b_rb = tl.load(p_rb + phys)
-            b_h, b_rk = gdn_exact_step(b_h, b_rk, b_rv, b_rg, b_rb)
+        b_h = gdn_replay(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org, wp, p_h, 0, mask_h,
+                         K, V, RL, UNROLL, False)
         b_v = tl.load(p_vin + o_v, mask=mask_v, other=0).to(tl.float32)
         b_h, b_kn = gdn_exact_step(b_h, b_k, b_v, b_g, b_beta)
         b_o = tl.sum(b_h * b_q[:, None], 0)
@@ -152,7 +147,7 @@ def _gdn_decode_kernel(
     stride_rawv_slot, stride_rawk_slot, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
-    USE_DOT: tl.constexpr, EVICT: tl.constexpr, PHASE: tl.constexpr,
+    USE_DOT: tl.constexpr, EVICT: tl.constexpr, PHASE: tl.constexpr, UNROLL: tl.constexpr = 1,
 ):
     i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
 
@@ -189,7 +184,7 @@ def _gdn_decode_kernel(
                 p_hs, p_vin, p_o, ring_rawk + slot * stride_rawk_slot + i_h * RL * K,
                 ring_rawv + slot * stride_rawv_slot + i_hv * RL * V, ring_g + slot * stride_g_slot + i_hv * RL,
                 ring_beta + slot * stride_beta_slot + i_hv * RL, b_q, b_k, b_g, b_beta, wp, org, i_v, scale,
-                K, V, BK, BV, BVF, RL,
+                K, V, BK, BV, BVF, RL, UNROLL,
             )
     if PHASE != 2:
         if flush == 0:
@@ -287,7 +282,8 @@ def gdn_replay_decode(
             RLB = max(RLB, 16)
         _gdn_decode_kernel[(triton.cdiv(V, BV) * B * HV,)](
             *args, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BVF=BVF, RL=RL, RLB=RLB, USE_DOT=use_dot,
-            EVICT=cfg.evict_first, PHASE=phase, num_warps=num_warps, num_stages=cfg.num_stages,
+            EVICT=cfg.evict_first, PHASE=phase, UNROLL=gdn_replay_unroll(), num_warps=num_warps,
+            num_stages=cfg.num_stages,
         )
 
     bv_cfg = min(triton.next_power_of_2(V), cfg.block_v)

@@ -17,9 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import gdn_fold_cols
+from ..configs import gdn_fold_cols, gdn_replay_unroll
 from ..cursors import load_fold_plan
-from .common import gdn_exact_step, gdn_tile_ids
+from .common import gdn_replay, gdn_tile_ids
 from .rings import GDNRings, check_gdn_rings
 
 
@@ -32,7 +32,7 @@ def _gdn_fold_kernel(
     stride_g_layer, stride_g_slot, stride_beta_layer, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, RL: tl.constexpr, HAS_DST: tl.constexpr,
-    HAS_SNAP: tl.constexpr, FROM_CURSORS: tl.constexpr,
+    HAS_SNAP: tl.constexpr, FROM_CURSORS: tl.constexpr, UNROLL: tl.constexpr = 1,
 ):
     i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
     i_l = tl.program_id(1)
@@ -51,7 +51,7 @@ def _gdn_fold_kernel(
 
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
-    p_rk = ring_rawk + i_l * stride_rawk_layer + slot * stride_rawk_slot + i_h * RL * K + o_k
+    p_rk = ring_rawk + i_l * stride_rawk_layer + slot * stride_rawk_slot + i_h * RL * K
     p_rg = ring_g + i_l * stride_g_layer + slot * stride_g_slot + i_hv * RL
     p_rb = ring_beta + i_l * stride_beta_layer + slot * stride_beta_slot + i_hv * RL
     if HAS_DST:
@@ -65,18 +65,15 @@ def _gdn_fold_kernel(
         o_h = i_hv * K * V + o_v[None, :] * K + o_k[:, None]
         p_h = state + i_l * stride_state_layer + slot * stride_state_slot + o_h
         b_h = tl.load(p_h, mask=mask_h, other=0).to(tl.float32)
-        p_rv = ring_rawv + i_l * stride_rawv_layer + slot * stride_rawv_slot + i_hv * RL * V + o_v
-        for j in range(0, n_fold):
-            phys = (org + j) % RL
-            b_k = tl.load(p_rk + phys * K, mask=mask_k, other=0).to(tl.float32)
-            b_v = tl.load(p_rv + phys * V, mask=mask_v, other=0).to(tl.float32)
-            b_g = tl.load(p_rg + phys)
-            b_beta = tl.load(p_rb + phys)
-            b_h, b_k = gdn_exact_step(b_h, b_k, b_v, b_g, b_beta)
-            if HAS_SNAP:
-                if (j + 1 == b_snap_at) & (b_snap_slot >= 0):
-                    p_s = state + i_l * stride_state_layer + b_snap_slot * stride_state_slot + o_h
-                    tl.store(p_s, b_h.to(p_s.dtype.element_ty), mask=mask_h)
+        p_rv = ring_rawv + i_l * stride_rawv_layer + slot * stride_rawv_slot + i_hv * RL * V
+        if HAS_SNAP:
+            # A row without a track slot this step stores no snapshot (entry index 0 never matches).
+            p_s = state + i_l * stride_state_layer + tl.maximum(b_snap_slot, 0) * stride_state_slot + o_h
+            b_h = gdn_replay(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org, n_fold, p_s,
+                             tl.where(b_snap_slot >= 0, b_snap_at, 0), mask_h, K, V, RL, UNROLL, True)
+        else:
+            b_h = gdn_replay(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org, n_fold, p_h, 0, mask_h,
+                             K, V, RL, UNROLL, False)
         if HAS_DST:
             p_h = dst + i_l * stride_dst_layer + d_slot * stride_dst_slot + o_h
         tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_h)
@@ -148,6 +145,6 @@ def gdn_replay_fold(
         rings.rawv.stride(0), rings.rawv.stride(1), rings.rawk.stride(0), rings.rawk.stride(1),
         rings.g.stride(0), rings.g.stride(1), rings.beta.stride(0), rings.beta.stride(1),
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BVF=min(BV, gdn_fold_cols()), RL=rings.ring_len, HAS_DST=has_dst,
-        HAS_SNAP=has_snap, FROM_CURSORS=from_cursors,
+        HAS_SNAP=has_snap, FROM_CURSORS=from_cursors, UNROLL=gdn_replay_unroll(),
         num_warps=1, num_stages=3,
     )
