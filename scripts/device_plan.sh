@@ -9,6 +9,7 @@
 #   kernels        GDN + Mamba-2 kernel tests on the GPU                  [.whl]
 #   m2_sweep       Mamba-2 decode plans (split plans, chunked tiles) and verify tiles vs SGLang's
 #                  SSU paths, kernel benchmark  [.whl]
+#   gdn_sweep      GDN launch plans and the exact replay's unroll depths vs SGLang's kernels  [.whl]
 #   e2e320         Nemotron-H + NEXTN parity at 320 running requests      [.whl2 .tiny]
 #   e2e_prefix     prefix-cache / scheduler parity cases (:radix :nobuffer :retract :mixed)  [.tiny]
 #   spec_c1        GDN spec at concurrency 1, 16 requests a case: ours then stock, then stock then
@@ -62,6 +63,13 @@ step_m2_sweep() {
   # bit-exact on the GPU first.
   run env OUT="$OUT/m2_sweep" BENCH_TIMEOUT=$(( $(left) - 15 )) \
     BENCH_ARGS="--family mamba2 --sweep --batches 256,128,32,8,1" bash scripts/device_kernels.sh bench
+}
+
+step_gdn_sweep() {
+  # GDN kernels: every launch plan plus the exact replay unrolled (configs.GDN_UNROLL_SWEEP) for
+  # the decode flush and the commit fold, at batch 256 and 1, each checked bit-exact on the GPU first.
+  run env OUT="$OUT/gdn_sweep" BENCH_TIMEOUT=$(( $(left) - 15 )) \
+    BENCH_ARGS="--family gdn --sweep --batches 256,1" bash scripts/device_kernels.sh bench
 }
 
 step_e2e320() {
@@ -125,7 +133,7 @@ step_aime() {
     --time-budget $(( $(left) - 30 ))
 }
 
-STEPS=(install kernels m2_sweep e2e320 e2e_prefix spec_c1 spec_fit decode_fixed aime)
+STEPS=(install kernels m2_sweep gdn_sweep e2e320 e2e_prefix spec_c1 spec_fit decode_fixed aime)
 [ $# -gt 0 ] || { echo "usage: $0 STEP [STEP ...]; steps: ${STEPS[*]}" >&2; exit 2; }
 for s in "$@"; do
   [[ " ${STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s; steps: ${STEPS[*]}" >&2; exit 2; }
