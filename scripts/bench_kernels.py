@@ -462,9 +462,7 @@ def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES, sweep=False):
             snaps = staggered
             row["decode_ours_staggered_us"] = time_graph(ours_decode, sets * L, reps)
             for key, plan in (m2_decode_plans() if sweep else ()):
-                with contextlib.ExitStack() as stack:
-                    for what, cfg in plan:
-                        stack.enter_context(override(what, cfg))
+                with overrides(plan):
                     for suffix, snaps in (("", synced), ("_staggered", staggered)):  # ours_decode reads `snaps`
                         row[f"decode_ours_{key}{suffix}_us"] = time_graph(ours_decode, sets * L, reps)
             exact = [(torch.zeros(Bsz, dtype=torch.int32, device=dev), torch.ones(Bsz, dtype=torch.int32, device=dev))
@@ -538,6 +536,17 @@ def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES, sweep=False):
             print(json.dumps(row), flush=True)
 
 
+@contextlib.contextmanager
+def overrides(plan):
+    """Every `(name, value)` launch-plan override of `plan` at once (`configs.override` each)."""
+    from replayssm_kernels.configs import override
+
+    with contextlib.ExitStack() as stack:
+        for what, cfg in plan:
+            stack.enter_context(override(what, cfg))
+        yield
+
+
 def m2_decode_plans():
     """(key, [(override name, plan), ...]) of the Mamba-2 decode plans the sweep times besides the
     default: the split plans, the exact replay's other unroll depths (`u<n>`), the chunked tiles, and
@@ -565,9 +574,7 @@ def m2_correctness_check(sweep=False):
     for P in (64, 80):
         t.test_mamba2_decode(4, 128, P, 8, 128, 16, torch.bfloat16, False, False, 34)
         for _, plan in (m2_decode_plans() if sweep else ()):
-            with contextlib.ExitStack() as stack:
-                for what, cfg in plan:
-                    stack.enter_context(override(what, cfg))
+            with overrides(plan):
                 t.test_mamba2_decode(4, 128, P, 8, 128, 16, torch.bfloat16, True, False, 34)
         t.test_mamba2_verify_commit(4, 128, P, 8, 128, 16, 4, torch.bfloat16, False, False, 20)
         for tile in (MAMBA2_TILE_SWEEP if sweep else ()):

@@ -125,6 +125,29 @@ _M2_PLAN_RE = re.compile(r"^decode_ours_((?:\d+x\d+x\d+x\d+)?(?:_?t\d+x\d+x\d+)?
 _M2_VERIFY_RE = re.compile(r"^spec_ours_(t\d+x\d+x\d+|u\d+)_us$")
 
 
+def _plan_table(sub, base_label, base_us, names, cells):
+    """One plan table over the batches of `sub`: a baseline line (`base_us(row)`, 1.00x) and a line per
+    plan name (None = the default) with the two cells `cells(row, name)` per batch."""
+    lines = ["| plan | " + " | ".join(f"B={r['B']} (us) | B={r['B']} vs stock" for r in sub) + " |",
+             "|---" + "|---:" * (2 * len(sub)) + "|",
+             f"| {base_label} | " + " | ".join(f"{_us(base_us(r))} | 1.00x" for r in sub) + " |"]
+    for name in [None, *names]:
+        row_cells = [c for r in sub for c in cells(r, name)]
+        lines.append(f"| {'default' if name is None else '`' + name + '`'} | " + " | ".join(row_cells) + " |")
+    return lines
+
+
+def _decode_cells(r, plan):
+    k = "decode_ours" + (f"_{plan}" if plan else "")
+    a, b, ssu = r.get(f"{k}_us"), r.get(f"{k}_staggered_us"), r["decode_ssu_us"]
+    return [f"{_us(a)} / {_us(b)}", f"{_x(ssu, a)} / {_x(ssu, b)}"]
+
+
+def _spec_cells(r, tile):
+    a = r.get("spec_ours_us" if tile is None else f"spec_ours_{tile}_us")
+    return [_us(a), _x(r.get("spec_stock_us"), a)]
+
+
 def m2_plan_tables(rows):
     """The Mamba-2 plans timed by `bench_kernels.py --sweep`, one table per shape with a line per plan
     and a column pair per batch: decode plans (keys `decode_ours_<plan>_us` / `..._staggered_us`;
@@ -136,30 +159,14 @@ def m2_plan_tables(rows):
         sub = [r for r in rows if r["family"] == "mamba2" and r["shape"] == shape]
         plans = list(dict.fromkeys(m.group(1) for r in sub for k in r for m in [_M2_PLAN_RE.match(k)] if m))
         tiles = list(dict.fromkeys(m.group(1) for r in sub for k in r for m in [_M2_VERIFY_RE.match(k)] if m))
-        head = "| plan | " + " | ".join(f"B={r['B']} (us) | B={r['B']} vs stock" for r in sub) + " |"
-        rule = "|---" + "|---:" * (2 * len(sub)) + "|"
         if plans:
             out.append(f"\n**Mamba-2 {shape}: decode plans vs SGLang's SSU** (synchronised / staggered; "
                        "`split x BM x warps x stages`, `t` = chunked tile `BM x chunks x warps`)\n")
-            out += [head, rule, "| SSU | " + " | ".join(f"{_us(r['decode_ssu_us'])} | 1.00x" for r in sub) + " |"]
-            for p in [None] + plans:
-                cells = []
-                for r in sub:
-                    k = "decode_ours" + (f"_{p}" if p else "")
-                    a, b = r.get(f"{k}_us"), r.get(f"{k}_staggered_us")
-                    ssu = r["decode_ssu_us"]
-                    cells += [f"{_us(a)} / {_us(b)}", f"{_x(ssu, a)} / {_x(ssu, b)}"]
-                out.append(f"| {'default' if p is None else '`' + p + '`'} | " + " | ".join(cells) + " |")
+            out += _plan_table(sub, "SSU", lambda r: r["decode_ssu_us"], plans, _decode_cells)
         if tiles:
             out.append(f"\n**Mamba-2 {shape}: verify tiles and replay unroll, verify + commit at T=4 vs SGLang's "
                        "verify + scatter**\n")
-            out += [head, rule, "| stock | " + " | ".join(f"{_us(r.get('spec_stock_us'))} | 1.00x" for r in sub) + " |"]
-            for t in [None] + tiles:
-                cells = []
-                for r in sub:
-                    a = r.get("spec_ours_us" if t is None else f"spec_ours_{t}_us")
-                    cells += [_us(a), _x(r.get("spec_stock_us"), a)]
-                out.append(f"| {'default' if t is None else '`' + t + '`'} | " + " | ".join(cells) + " |")
+            out += _plan_table(sub, "stock", lambda r: r.get("spec_stock_us"), tiles, _spec_cells)
     return out
 
 

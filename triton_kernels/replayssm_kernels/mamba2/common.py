@@ -165,11 +165,16 @@ def tile_config(kernel: str, P: int, N: int, rows: int | None = None) -> TileCon
     return make_tile(BM, BMF, warps, stages, P, N)
 
 
+def _min_rows(warps: int, BN: int) -> int:
+    """Fewest rows of a `[rows, BN]` fp32 tile that give every thread at least 4 elements."""
+    return max(1, (4 * 32 * warps) // BN)
+
+
 def make_tile(BM: int, BMF: int, warps: int, stages: int, P: int, N: int) -> TileConfig:
     """A requested tile, adjusted by the rules above (whole N row, >= 4 fp32 per thread, power-of-two BM
     shrunk while P padding exceeds a quarter)."""
     BN = triton.next_power_of_2(N)
-    min_bm = max(1, (4 * 32 * warps) // BN)
+    min_bm = _min_rows(warps, BN)
     BM = max(min(BM, triton.next_power_of_2(P)), min_bm)
     while BM // 2 >= min_bm and 4 * (triton.cdiv(P, BM) * BM - P) > triton.cdiv(P, BM) * BM:
         BM //= 2
@@ -184,7 +189,7 @@ def chunked_tile(BM: int, NC: int, BMF: int, warps: int, stages: int, P: int, N:
     chunks P needs. The decode's flush branch walks the program's rows in sub-tiles of
     `BMF >= MIN_FLUSH_ROWS` rows, independent of the chunks."""
     BN = triton.next_power_of_2(N)
-    min_bm = max(1, (4 * 32 * warps) // BN)
+    min_bm = _min_rows(warps, BN)
     if BM < min_bm or BM & (BM - 1):
         raise ValueError(f"Mamba-2 chunked tile: BM={BM} must be a power of two >= {min_bm} for {warps} warps "
                          f"and N={N}; fix mamba2_decode_tile / mamba2_verify_tile in REPLAYSSM_CONFIG or unset it")
