@@ -3,12 +3,14 @@
 #
 #   run(command="bash scripts/device_kernels.sh tests profile", carry=[".whl"], timeout_s=600)
 #   run(command="bash scripts/device_kernels.sh bench", carry=[".whl"], timeout_s=600)
+#   run(command="bash scripts/device_kernels.sh m2profile", carry=[".whl"], timeout_s=600)
 #
 # (All three parts do not fit the 10-minute call limit together: tests ~3 min, profile ~1 min,
 # bench ~6-8 min.)
 # .whl is built by ../shared/devtools/sglang_device_wheels.sh (SGLang 0.5.17 for the baselines).
 # Writes $OUT/{kernel_tests.log, profile_gdn.log, bench.log, bench.json}; prints the tables last.
-# Parts: tests | profile | bench (default: all three).
+# Parts: tests | profile | bench | m2profile (default: the first three; m2profile: the Mamba-2
+# per-phase profile, $OUT/profile_m2.{log,json}; M2PROFILE_ARGS adds flags).
 # Env: BENCH_ARGS (extra bench_kernels.py flags, e.g. "--sweep" or "--family gdn"),
 #      BENCH_TIMEOUT (seconds for the benchmark, default 540).
 set -uo pipefail
@@ -31,6 +33,11 @@ fi
 if has profile; then
   timeout 120 python3 scripts/profile_gdn_phases.py --batch 256 > "$OUT/profile_gdn.log" 2>&1
   echo "profile rc=$?"; tail -1 "$OUT/profile_gdn.log" | cut -c1-2000
+fi
+if has m2profile; then
+  timeout "${M2PROFILE_TIMEOUT:-300}" python3 scripts/profile_mamba2_phases.py --json "$OUT/profile_m2.json" \
+    ${M2PROFILE_ARGS:-} > "$OUT/profile_m2.log" 2>&1
+  echo "m2profile rc=$?"; grep -A40 "^plan " "$OUT/profile_m2.log"
 fi
 if has bench; then
   timeout "${BENCH_TIMEOUT:-540}" python3 scripts/bench_kernels.py --reps 12 --json "$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1

@@ -7,6 +7,7 @@
 # Steps (carry in brackets; the first call on a fresh machine must carry .whl, the next .whl2):
 #   install        SGLang wheels into /tmp/site                          [.whl] then [.whl2]
 #   kernels        GDN + Mamba-2 kernel tests on the GPU                  [.whl]
+#   m2_profile     Mamba-2 decode per phase (non-flush / flush step) per plan and unroll  [.whl]
 #   m2_sweep       Mamba-2 decode plans (split plans, chunked tiles) and verify tiles vs SGLang's
 #                  SSU paths, kernel benchmark  [.whl]
 #   gdn_sweep      GDN launch plans and the exact replay's unroll depths vs SGLang's kernels  [.whl]
@@ -63,6 +64,12 @@ step_m2_sweep() {
   # bit-exact on the GPU first.
   run env OUT="$OUT/m2_sweep" BENCH_TIMEOUT=$(( $(left) - 15 )) \
     BENCH_ARGS="--family mamba2 --sweep --batches 256,128,32,8,1" bash scripts/device_kernels.sh bench
+}
+
+step_m2_profile() {
+  # Where a Mamba-2 decode ring cycle goes at the Super shape, batch 256: non-flush and flush steps
+  # per plan and replay unroll depth, and each launch of the split plans alone.
+  run env OUT="$OUT/m2_profile" M2PROFILE_TIMEOUT=$(( $(left) - 15 )) bash scripts/device_kernels.sh m2profile
 }
 
 step_gdn_sweep() {
@@ -133,7 +140,7 @@ step_aime() {
     --time-budget $(( $(left) - 30 ))
 }
 
-STEPS=(install kernels m2_sweep gdn_sweep e2e320 e2e_prefix spec_c1 spec_fit decode_fixed aime)
+STEPS=(install kernels m2_profile m2_sweep gdn_sweep e2e320 e2e_prefix spec_c1 spec_fit decode_fixed aime)
 [ $# -gt 0 ] || { echo "usage: $0 STEP [STEP ...]; steps: ${STEPS[*]}" >&2; exit 2; }
 for s in "$@"; do
   [[ " ${STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s; steps: ${STEPS[*]}" >&2; exit 2; }
@@ -150,7 +157,7 @@ done
 for s in "$@"; do
   [ "$DRY" = 1 ] && continue
   echo "=== $s"
-  grep -hE "RESULT|^\[(PASS|FAIL)\]|ours/stock|^ +[0-9]+ +[0-9]|kernel tests rc|bench rc|passed|verdict|VERDICT|^\| (stock|ours) \||^\| [0-9]+ \||^\*\*Mamba-2|conservative" "$OUT/$s.log" 2>/dev/null | tail -40
+  grep -hE "m2profile rc|^[a-z0-9x_]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+x$|RESULT|^\[(PASS|FAIL)\]|ours/stock|^ +[0-9]+ +[0-9]|kernel tests rc|bench rc|passed|verdict|VERDICT|^\| (stock|ours) \||^\| [0-9]+ \||^\*\*Mamba-2|conservative" "$OUT/$s.log" 2>/dev/null | tail -40
 done
 [ -f "$OUT/spec_c1_diag.txt" ] && grep -E "^== |process:" "$OUT/spec_c1_diag.txt"
 exit $rc

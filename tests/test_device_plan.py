@@ -11,7 +11,7 @@ import pytest
 
 from script_loader import ROOT, load_script
 
-STEPS = ["install", "kernels", "m2_sweep", "e2e320", "e2e_prefix", "spec_c1", "spec_fit", "decode_fixed", "aime"]
+STEPS = ["install", "kernels", "m2_profile", "m2_sweep", "gdn_sweep", "e2e320", "e2e_prefix", "spec_c1", "spec_fit", "decode_fixed", "aime"]
 CASE = re.compile(r"^(qwen3_next|nemotron_h)((:(nextn|ring|radix|nobuffer|retract|mixed))*)$")
 
 
@@ -55,7 +55,7 @@ def test_every_step_command_parses(tmp_path, monkeypatch):
             aime.parse_args(cmd[cmd.index("scripts/aime_parity.py") + 1:])
             seen["aime"] += 1
         elif "scripts/device_kernels.sh" in cmd:
-            assert cmd[-1] in ("tests", "bench") and any(x.startswith("OUT=") for x in cmd), joined
+            assert cmd[-1] in ("tests", "bench", "m2profile") and any(x.startswith("OUT=") for x in cmd), joined
             bench_args = [x[len("BENCH_ARGS="):] for x in cmd if x.startswith("BENCH_ARGS=")]
             if bench_args:
                 # bench_kernels parses its flags before it asks for a GPU: on the CPU a good command
@@ -71,7 +71,7 @@ def test_every_step_command_parses(tmp_path, monkeypatch):
             for case in cmd[i + 2:]:
                 assert CASE.match(case), f"bad e2e case {case!r} in {joined}"
             seen["e2e"] += 1
-    assert seen == {"bench": 4, "aime": 1, "e2e": 3, "fit": 1, "kernels": 2}, seen
+    assert seen == {"bench": 4, "aime": 1, "e2e": 3, "fit": 1, "kernels": 4}, seen
 
 
 def test_unknown_step_is_refused(tmp_path):

@@ -70,6 +70,11 @@ def _mamba2_decode_kernel(
     i_n, i_h = i_nh // NH, i_nh % NH
     i_g = i_h // (NH // G)
 
+    if MODE == 1:
+        # The flush launch of a split plan: most of its programs find a non-flush row, so they
+        # leave before any other load.
+        if tl.load(row_flush + i_n) == 0:
+            return
     o_n = tl.arange(0, BN)
     mask_n = o_n < N
 
@@ -91,10 +96,7 @@ def _mamba2_decode_kernel(
     slot = tl.load(slot_idx + i_n).to(tl.int64)
     if slot < 0:
         return
-    # MODE 1: flush rows only; MODE 2: non-flush rows only (the split plan's two launches).
-    if MODE == 1:
-        if flush == 0:
-            return
+    # MODE 1 (flush rows only) left above; MODE 2: non-flush rows only (the split plan's two launches).
     if MODE == 2:
         if flush != 0:
             return
@@ -257,27 +259,40 @@ def mamba2_replay_decode(
     stride_o = _tok_stride(out, (Bsz, NH, P), "out")
     if Bsz == 0:
         return out
-    cfg = tile_config("decode", P, N, Bsz)
-    split, f_bm, f_warps, f_stages = mamba2_decode_plan()
-    launches = [(0, cfg)]
-    if split:
-        if f_bm < MIN_FLUSH_ROWS:
-            raise ValueError(
-                f"Mamba-2 split decode plan: the flush launch needs at least {MIN_FLUSH_ROWS} rows per tile "
-                f"(got {f_bm}; smaller flush tiles were not bit-exact on the H200); fix mamba2_decode= in "
-                "REPLAYSSM_CONFIG or unset it")
-        launches = [(1, make_tile(f_bm, f_bm, f_warps, f_stages, P, N)), (2, cfg)]
-    RL = rings.ring_len
-    for mode, tile in launches:
-        grid = (Bsz * NH * triton.cdiv(P, tile.rows),)
-        _mamba2_decode_kernel[grid](
-            x, dt, B, C, z if z is not None else x, A, D, dt_bias, out,
-            state, rings.x, rings.B, rings.dt,
-            slot_idx, row_wp, row_flush, origin,
-            *strides, stride_o,
-            state.stride(0), rings.x.stride(0), rings.B.stride(0), rings.dt.stride(0),
-            NH=NH, P=P, G=G, N=N, BM=tile.BM, BMF=tile.BMF, BN=tile.BN, RL=RL, RLB=triton.next_power_of_2(RL),
-            HAS_Z=z is not None, UNROLL=mamba2_replay_unroll(), MODE=mode, NC=tile.NC,
-            **tile.launch,
-        )
+    for mode, tile in decode_launches(P, N, Bsz):
+        _launch(mode, tile, x, dt, B, C, z, A, D, dt_bias, out, state, rings, slot_idx, row_wp, row_flush, origin,
+                strides, stride_o)
     return out
+
+
+def decode_launches(P: int, N: int, rows: int) -> list:
+    """`(MODE, TileConfig)` of each launch of a decode step of `rows` rows: `[(0, tile)]` for the
+    one-launch plan, `[(1, flush tile), (2, tile)]` for a split plan (`configs.mamba2_decode_plan`)."""
+    cfg = tile_config("decode", P, N, rows)
+    split, f_bm, f_warps, f_stages = mamba2_decode_plan()
+    if not split:
+        return [(0, cfg)]
+    if f_bm < MIN_FLUSH_ROWS:
+        raise ValueError(
+            f"Mamba-2 split decode plan: the flush launch needs at least {MIN_FLUSH_ROWS} rows per tile "
+            f"(got {f_bm}; smaller flush tiles were not bit-exact on the H200); fix mamba2_decode= in "
+            "REPLAYSSM_CONFIG or unset it")
+    return [(1, make_tile(f_bm, f_bm, f_warps, f_stages, P, N)), (2, cfg)]
+
+
+def _launch(mode, tile, x, dt, B, C, z, A, D, dt_bias, out, state, rings, slot_idx, row_wp, row_flush, origin,
+            strides, stride_o):
+    Bsz, NH, P = x.shape
+    G, N = B.shape[1], B.shape[2]
+    RL = rings.ring_len
+    grid = (Bsz * NH * triton.cdiv(P, tile.rows),)
+    _mamba2_decode_kernel[grid](
+        x, dt, B, C, z if z is not None else x, A, D, dt_bias, out,
+        state, rings.x, rings.B, rings.dt,
+        slot_idx, row_wp, row_flush, origin,
+        *strides, stride_o,
+        state.stride(0), rings.x.stride(0), rings.B.stride(0), rings.dt.stride(0),
+        NH=NH, P=P, G=G, N=N, BM=tile.BM, BMF=tile.BMF, BN=tile.BN, RL=RL, RLB=triton.next_power_of_2(RL),
+        HAS_Z=z is not None, UNROLL=mamba2_replay_unroll(), MODE=mode, NC=tile.NC,
+        **tile.launch,
+    )
