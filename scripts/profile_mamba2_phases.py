@@ -4,7 +4,7 @@
 
 Times, with CUDA graphs, one launch of SGLang's SSU decode step, our exact step (every row flushes
 with an empty ring), and for each decode plan and replay unroll depth: a step where no row flushes
-(ring fill 8) and a step where every row flushes a full ring (fill L-1). For split plans it also
+(ring fills --fills, their mean) and a step where every row flushes a full ring (fill L-1). For split plans it also
 times each of the two launches alone on a non-flush step (the flush launch then has no work: its
 cost there is pure overhead). `cycle` = (15 * non-flush + flush) / 16, the synchronised ring-cycle
 mean that `bench_kernels.py` times. Prints registers and spills of each compiled variant.
@@ -26,9 +26,15 @@ sys.path.insert(0, os.path.dirname(__file__))
 from bench_kernels import M2_SHAPES, overrides, time_graph  # noqa: E402
 
 # (key, overrides): the default plan and the candidates for the Super-shape decode
+# --plans: these keys, each optionally with "+ro": the plan with the per-row origin snapshot
+# (decode_prepare(origin=), mamba2_replay_decode(row_origin=)) instead of the per-slot lookup.
 PLANS = (
     ("default", []),
     ("t32x4x4", [("mamba2_decode_tile", (32, 4, 4))]),
+    ("t64x1x2", [("mamba2_decode_tile", (64, 1, 2))]),
+    ("t64x1x8", [("mamba2_decode_tile", (64, 1, 8))]),
+    ("t32x2x2", [("mamba2_decode_tile", (32, 2, 2))]),
+    ("t16x4x1", [("mamba2_decode_tile", (16, 4, 1))]),
     ("t16x8x4", [("mamba2_decode_tile", (16, 8, 4))]),
     ("1x32x8x2", [("mamba2_decode", (1, 32, 8, 2))]),
     ("1x32x4x2", [("mamba2_decode", (1, 32, 4, 2))]),
@@ -85,8 +91,10 @@ def main(argv=None):
     p.add_argument("--shape", default="super", choices=[s[0] for s in M2_SHAPES])
     p.add_argument("--ring-len", type=int, default=16)
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--plans", default=",".join(k for k, _ in PLANS))
+    p.add_argument("--plans", default=",".join(k for k, _ in PLANS) + ",default+ro,t32x4x4+ro")
     p.add_argument("--unrolls", default=",".join(map(str, UNROLLS)))
+    p.add_argument("--fills", default="8", help="ring fills (pending entries) of the timed non-flush steps; "
+                   "the plan's non-flush time is their mean")
     p.add_argument("--json")
     p.add_argument("--ceiling", action="store_true", help="also time plain streaming reads of the state")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # tests: cpu + TRITON_INTERPRET
@@ -129,28 +137,33 @@ def main(argv=None):
         state, x, dt[:, :, None].expand(B, NH, P), A_e, Bm, C, D[:, None].expand(NH, P), z=None,
         dt_bias=dt_bias[:, None].expand(NH, P), dt_softplus=True, state_batch_indices=slots, out=y))
 
-    def phase(wp, flush):
+    def phase(wp, flush, row_org=False):
         row_wp = torch.full((B,), wp, dtype=torch.int32, device=dev)
         row_fl = torch.full((B,), int(flush), dtype=torch.int32, device=dev)
+        ro = origin.clone() if row_org else None
         return lambda: mamba2_replay_decode(x, dt, Bm, C, A, D, dt_bias, state, rings, slots, row_wp, row_fl,
-                                            origin, out=y)
+                                            origin, out=y, row_origin=ro)
 
     t("exact", phase(0, True))
     if args.ceiling:
         read_ceiling(state, slots, t, args.reps)
     plans = dict(PLANS)
     for key in args.plans.split(","):
-        with overrides(plans[key]):
+        with overrides(plans[key.removesuffix("+ro")]):
             for u in (int(v) for v in args.unrolls.split(",")):
                 with override("mamba2_replay_unroll", (u,)):
                     name = f"{key}_u{u}"
-                    if u == UNROLLS[0]:  # the non-flush code does not replay: time it once per plan
-                        t(f"{key}_nonflush", phase(8, False))
+                    ro = key.endswith("+ro")
+                    if f"{key}_nonflush" not in res:  # the non-flush code does not replay: once per plan
+                        for wp in args.fills.split(","):
+                            t(f"{key}_nonflush_wp{wp}", phase(int(wp), False, ro))
+                        res[f"{key}_nonflush"] = round(
+                            sum(res[f"{key}_nonflush_wp{wp}"] for wp in args.fills.split(",")) / len(args.fills.split(",")), 1)
                         if key[0].isdigit():
                             for mode in (1, 2):
                                 with only_mode(dec_mod, mode):
-                                    t(f"{key}_nonflush_launch{mode}", phase(8, False))
-                    t(f"{name}_flush", phase(L - 1, True))
+                                    t(f"{key}_nonflush_launch{mode}", phase(L // 2, False, ro))
+                    t(f"{name}_flush", phase(L - 1, True, ro))
                     res[f"{name}_cycle"] = round(((L - 1) * res[f"{key}_nonflush"] + res[f"{name}_flush"]) / L, 1)
                     print(f"{name + '_cycle':44s} {res[name + '_cycle']:9.1f} us  "
                           f"({res['ssu'] / res[name + '_cycle']:.2f}x SSU)", flush=True)
