@@ -26,8 +26,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 from bench_kernels import M2_SHAPES, overrides, time_graph  # noqa: E402
 
 # (key, overrides): the default plan and the candidates for the Super-shape decode
-# --plans: these keys, each optionally with "+ro": the plan with the per-row origin snapshot
-# (decode_prepare(origin=), mamba2_replay_decode(row_origin=)) instead of the per-slot lookup.
 PLANS = (
     ("default", []),
     ("t32x4x4", [("mamba2_decode_tile", (32, 4, 4))]),
@@ -91,7 +89,7 @@ def main(argv=None):
     p.add_argument("--shape", default="super", choices=[s[0] for s in M2_SHAPES])
     p.add_argument("--ring-len", type=int, default=16)
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--plans", default=",".join(k for k, _ in PLANS) + ",default+ro,t32x4x4+ro")
+    p.add_argument("--plans", default=",".join(k for k, _ in PLANS))
     p.add_argument("--unrolls", default=",".join(map(str, UNROLLS)))
     p.add_argument("--fills", default="8", help="ring fills (pending entries) of the timed non-flush steps; "
                    "the plan's non-flush time is their mean")
@@ -137,33 +135,31 @@ def main(argv=None):
         state, x, dt[:, :, None].expand(B, NH, P), A_e, Bm, C, D[:, None].expand(NH, P), z=None,
         dt_bias=dt_bias[:, None].expand(NH, P), dt_softplus=True, state_batch_indices=slots, out=y))
 
-    def phase(wp, flush, row_org=False):
+    def phase(wp, flush):
         row_wp = torch.full((B,), wp, dtype=torch.int32, device=dev)
         row_fl = torch.full((B,), int(flush), dtype=torch.int32, device=dev)
-        ro = origin.clone() if row_org else None
         return lambda: mamba2_replay_decode(x, dt, Bm, C, A, D, dt_bias, state, rings, slots, row_wp, row_fl,
-                                            origin, out=y, row_origin=ro)
+                                            origin, out=y)
 
     t("exact", phase(0, True))
     if args.ceiling:
         read_ceiling(state, slots, t, args.reps)
     plans = dict(PLANS)
     for key in args.plans.split(","):
-        with overrides(plans[key.removesuffix("+ro")]):
+        with overrides(plans[key]):
             for u in (int(v) for v in args.unrolls.split(",")):
                 with override("mamba2_replay_unroll", (u,)):
                     name = f"{key}_u{u}"
-                    ro = key.endswith("+ro")
                     if f"{key}_nonflush" not in res:  # the non-flush code does not replay: once per plan
                         for wp in args.fills.split(","):
-                            t(f"{key}_nonflush_wp{wp}", phase(int(wp), False, ro))
+                            t(f"{key}_nonflush_wp{wp}", phase(int(wp), False))
                         res[f"{key}_nonflush"] = round(
                             sum(res[f"{key}_nonflush_wp{wp}"] for wp in args.fills.split(",")) / len(args.fills.split(",")), 1)
                         if key[0].isdigit():
                             for mode in (1, 2):
                                 with only_mode(dec_mod, mode):
-                                    t(f"{key}_nonflush_launch{mode}", phase(L // 2, False, ro))
-                    t(f"{name}_flush", phase(L - 1, True, ro))
+                                    t(f"{key}_nonflush_launch{mode}", phase(L // 2, False))
+                    t(f"{name}_flush", phase(L - 1, True))
                     res[f"{name}_cycle"] = round(((L - 1) * res[f"{key}_nonflush"] + res[f"{name}_flush"]) / L, 1)
                     print(f"{name + '_cycle':44s} {res[name + '_cycle']:9.1f} us  "
                           f"({res['ssu'] / res[name + '_cycle']:.2f}x SSU)", flush=True)

@@ -27,12 +27,9 @@ def _decode_prepare_kernel(
     force_flush,
     row_wp,
     row_flush,
-    origin,
-    row_origin,
     B,
     RL: tl.constexpr,
     HAS_FORCE: tl.constexpr,
-    HAS_ORIGIN: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     o_r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -47,8 +44,6 @@ def _decode_prepare_kernel(
     tl.store(row_wp + o_r, b_wp, mask=m_r)
     tl.store(row_flush + o_r, (b_flush & m_valid).to(tl.int32), mask=m_r)
     tl.store(wpos + b_slot, tl.where(b_flush, 0, b_wp + 1), mask=m_valid)
-    if HAS_ORIGIN:
-        tl.store(row_origin + o_r, tl.load(origin + b_slot, mask=m_valid, other=0), mask=m_r)
 
 
 def decode_prepare(
@@ -58,9 +53,7 @@ def decode_prepare(
     force_flush: Optional[torch.Tensor] = None,
     row_wp: Optional[torch.Tensor] = None,
     row_flush: Optional[torch.Tensor] = None,
-    origin: Optional[torch.Tensor] = None,
-    row_origin: Optional[torch.Tensor] = None,
-):
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Snapshot the decode cursors of a batch and advance them by one token.
 
     Args:
@@ -69,14 +62,9 @@ def decode_prepare(
         ring_len (int): `L`.
         force_flush (torch.Tensor, optional): `[B]` int/bool; nonzero forces a flush on this step.
         row_wp, row_flush (torch.Tensor, optional): `[B]` int32 outputs (allocated if None).
-        origin (torch.Tensor, optional): `[S]` int32 ring origins; when given, each row's origin
-            is snapshotted too (a decode step does not move origins), so that a decode kernel
-            reads it by row instead of through the slot.
-        row_origin (torch.Tensor, optional): `[B]` int32 output for that snapshot (allocated if None).
 
     Returns:
-        `(row_wp, row_flush)`: the pending count before this token and whether this step flushes,
-        and `row_origin` third when `origin` is given (0 for padding rows).
+        `(row_wp, row_flush)`: the pending count before this token and whether this step flushes.
         A flushing slot's `wpos` becomes 0, any other slot's `wpos` grows by one.
     """
     B = slot_idx.shape[0]
@@ -90,13 +78,8 @@ def decode_prepare(
         assert force_flush.shape == (B,) and force_flush.is_contiguous()
         if force_flush.dtype == torch.bool:
             force_flush = force_flush.view(torch.uint8)  # read as bytes: no conversion launch
-    if origin is not None:
-        assert origin.dtype == torch.int32 and origin.is_contiguous()
-        if row_origin is None:
-            row_origin = torch.empty(B, dtype=torch.int32, device=slot_idx.device)
-    out = (row_wp, row_flush) if origin is None else (row_wp, row_flush, row_origin)
     if B == 0:
-        return out
+        return row_wp, row_flush
     grid = (triton.cdiv(B, _BLOCK_ROWS),)
     _decode_prepare_kernel[grid](
         slot_idx,
@@ -104,15 +87,12 @@ def decode_prepare(
         force_flush if force_flush is not None else row_flush,
         row_wp,
         row_flush,
-        origin if origin is not None else wpos,
-        row_origin if origin is not None else row_wp,
         B,
         RL=ring_len,
         HAS_FORCE=force_flush is not None,
-        HAS_ORIGIN=origin is not None,
         BLOCK=_BLOCK_ROWS,
     )
-    return out
+    return row_wp, row_flush
 
 
 @triton.jit

@@ -64,7 +64,6 @@ def _mamba2_decode_kernel(
     NH: tl.constexpr, P: tl.constexpr, G: tl.constexpr, N: tl.constexpr,
     BM: tl.constexpr, BMF: tl.constexpr, BN: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
     HAS_Z: tl.constexpr, UNROLL: tl.constexpr, MODE: tl.constexpr = 0, NC: tl.constexpr = 1,
-    ROW_ORIGIN: tl.constexpr = False,
 ):
     NP = (P + BM * NC - 1) // (BM * NC)
     i_m, i_nh = tl.program_id(0) % NP, tl.program_id(0) // NP
@@ -93,10 +92,6 @@ def _mamba2_decode_kernel(
     p_o = o + i_n64 * stride_o_tok + i_h * P
     wp = tl.load(row_wp + i_n)
     flush = tl.load(row_flush + i_n)
-    if ROW_ORIGIN:
-        # `origin` holds this batch's per-row snapshot (decode_prepare's row_origin): the ring
-        # loads then wait on one lookup (the slot) instead of two (slot, then origin[slot]).
-        org = tl.load(origin + i_n)
 
     slot = tl.load(slot_idx + i_n).to(tl.int64)
     if slot < 0:
@@ -105,8 +100,7 @@ def _mamba2_decode_kernel(
     if MODE == 2:
         if flush != 0:
             return
-    if not ROW_ORIGIN:
-        org = tl.load(origin + slot)
+    org = tl.load(origin + slot)
     b_B = b_B_raw.to(tl.float32)
     b_dt = mamba2_dt(b_dt_raw, b_bias)
     p_s = state + slot * stride_state_slot + i_h * P * N
@@ -223,7 +217,6 @@ def mamba2_replay_decode(
     origin: torch.Tensor,
     z: Optional[torch.Tensor] = None,
     out: Optional[torch.Tensor] = None,
-    row_origin: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """One Mamba-2 decode step for every row (`dt_softplus=True`, head dim tied).
 
@@ -240,8 +233,6 @@ def mamba2_replay_decode(
         origin (torch.Tensor): `[S]` int32 ring origins.
         z (torch.Tensor, optional): `[B, NH, P]` gate; `y *= z * sigmoid(z)`.
         out (torch.Tensor, optional): `[B, NH, P]` output buffer (inner dims contiguous).
-        row_origin (torch.Tensor, optional): `[B]` int32 per-row origin snapshot from
-            `decode_prepare(..., origin=origin)`; when given the kernel reads it instead of `origin`.
 
     Returns:
         `[B, NH, P]` outputs in the dtype of `x`.
@@ -266,14 +257,11 @@ def mamba2_replay_decode(
     if out is None:
         out = torch.empty((Bsz, NH, P), dtype=x.dtype, device=x.device)
     stride_o = _tok_stride(out, (Bsz, NH, P), "out")
-    if row_origin is not None and (tuple(row_origin.shape) != (Bsz,) or row_origin.dtype != torch.int32):
-        raise ValueError(f"row_origin must be int32 [{Bsz}], got {row_origin.dtype} {tuple(row_origin.shape)}")
     if Bsz == 0:
         return out
-    org = origin if row_origin is None else row_origin
     for mode, tile in decode_launches(P, N, Bsz):
-        _launch(mode, tile, x, dt, B, C, z, A, D, dt_bias, out, state, rings, slot_idx, row_wp, row_flush, org,
-                strides, stride_o, row_origin is not None)
+        _launch(mode, tile, x, dt, B, C, z, A, D, dt_bias, out, state, rings, slot_idx, row_wp, row_flush, origin,
+                strides, stride_o)
     return out
 
 
@@ -293,7 +281,7 @@ def decode_launches(P: int, N: int, rows: int) -> list:
 
 
 def _launch(mode, tile, x, dt, B, C, z, A, D, dt_bias, out, state, rings, slot_idx, row_wp, row_flush, origin,
-            strides, stride_o, row_origin=False):
+            strides, stride_o):
     Bsz, NH, P = x.shape
     G, N = B.shape[1], B.shape[2]
     RL = rings.ring_len
@@ -305,6 +293,6 @@ def _launch(mode, tile, x, dt, B, C, z, A, D, dt_bias, out, state, rings, slot_i
         *strides, stride_o,
         state.stride(0), rings.x.stride(0), rings.B.stride(0), rings.dt.stride(0),
         NH=NH, P=P, G=G, N=N, BM=tile.BM, BMF=tile.BMF, BN=tile.BN, RL=RL, RLB=triton.next_power_of_2(RL),
-        HAS_Z=z is not None, UNROLL=mamba2_replay_unroll(), MODE=mode, NC=tile.NC, ROW_ORIGIN=row_origin,
+        HAS_Z=z is not None, UNROLL=mamba2_replay_unroll(), MODE=mode, NC=tile.NC,
         **tile.launch,
     )
