@@ -290,6 +290,23 @@ def test_mamba2_replay_unroll_depths_are_exact(unroll):
     assert mamba2_replay_unroll() == 4
 
 
+@pytest.mark.parametrize("tile,case", [
+    pytest.param(None, (2, 2, 64, 1, 128, 4, bf16, True, False, 9), id="table-P64-2subtiles"),
+    pytest.param((16, 8, 2), (3, 2, 80, 1, 128, 4, bf16, False, False, 14), id="t16x8x2-P80-3subtiles-masked"),
+])
+def test_mamba2_decode_flush_prefetch_is_exact(tile, case):
+    """The decode flush with the next sub-tile's checkpoint rows loaded ahead
+    (`configs.mamba2_flush_prefetch`): programs of two and of three flush sub-tiles (the last one
+    partly masked) keep the state and flush outputs bit-exact."""
+    from replayssm_kernels.configs import mamba2_flush_prefetch, override
+
+    with override("mamba2_flush_prefetch", (1,)):
+        assert mamba2_flush_prefetch()
+        with override("mamba2_decode_tile", tile) if tile else contextlib.nullcontext():
+            test_mamba2_decode(*case)
+    assert not mamba2_flush_prefetch()
+
+
 @pytest.mark.parametrize("tile,case", CHUNKED_VERIFY)
 def test_mamba2_verify_chunked_tiles(tile, case):
     """The verify with several P-chunks per program: outputs within the baseline's error, the

@@ -19,7 +19,8 @@ _OVERRIDES: dict[str, tuple[int, int, int]] = {}
 _OVERRIDE_ARITY = {"gdn_decode": (7,), "gdn_verify": (3, 4), "gdn_fold_cols": (1,), "gdn_ring_min_batch": (1,),
                    "mamba2_ring_min_batch": (1,), "mamba2_decode": (4,),
                    "mamba2_decode_tile": (3,), "mamba2_verify_tile": (3,), "mamba2_chunk_min_batch": (1,),
-                   "mamba2_replay_unroll": (1,), "gdn_replay_unroll": (1,)}
+                   "mamba2_replay_unroll": (1,), "gdn_replay_unroll": (1,),
+                   "mamba2_flush_prefetch": (1,)}
 
 
 def _env_overrides() -> None:
@@ -52,6 +53,8 @@ def describe() -> str:
         "a GDN server without speculative decoding that cannot run this many requests allocates no rings)",
         f"mamba2_ring_min_batch={ring_min_batch('mamba2')} (below: exact recurrence every step)",
         f"mamba2_replay_unroll={mamba2_replay_unroll()} (ring entries per straight-line chunk of the exact replay)",
+        f"mamba2_flush_prefetch={int(mamba2_flush_prefetch())} (decode flush: next sub-tile's checkpoint rows "
+        "loaded before the current one is replayed)",
         "mamba2_decode=" + "x".join(map(str, m2_plan))
         + (" (one launch, the tile table's decode tile)" if m2_plan[0] == 0
            else " (flush rows in their own launch: split x BM x warps x stages)"),
@@ -220,6 +223,17 @@ def mamba2_replay_unroll() -> int:
     if "mamba2_replay_unroll" in _OVERRIDES:
         return _OVERRIDES["mamba2_replay_unroll"][0]
     return _MAMBA2_REPLAY_UNROLL
+
+
+# Mamba-2 decode flush: load the next flush sub-tile's checkpoint rows before replaying the current
+# one (1), or one sub-tile at a time (0, what runs 1-6 measured). The bits are the same either way.
+_MAMBA2_FLUSH_PREFETCH = 0
+
+
+def mamba2_flush_prefetch() -> bool:
+    if "mamba2_flush_prefetch" in _OVERRIDES:
+        return bool(_OVERRIDES["mamba2_flush_prefetch"][0])
+    return bool(_MAMBA2_FLUSH_PREFETCH)
 
 
 # The same for the GDN exact replay (decode flush, commit fold): 1 (one entry per loop iteration)
