@@ -89,8 +89,7 @@ def main(argv=None):
     p.add_argument("--shape", default="super", choices=[s[0] for s in M2_SHAPES])
     p.add_argument("--ring-len", type=int, default=16)
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--plans", default=",".join(k for k, _ in PLANS),
-                   help="plan keys, each optionally with +pf (configs.mamba2_flush_prefetch on)")
+    p.add_argument("--plans", default=",".join(k for k, _ in PLANS))
     p.add_argument("--unrolls", default=",".join(map(str, UNROLLS)))
     p.add_argument("--fills", default="8", help="ring fills (pending entries) of the timed non-flush steps; "
                    "the plan's non-flush time is their mean")
@@ -147,7 +146,7 @@ def main(argv=None):
         read_ceiling(state, slots, t, args.reps)
     plans = dict(PLANS)
     for key in args.plans.split(","):
-        with overrides(plans[key.removesuffix("+pf")] + ([("mamba2_flush_prefetch", (1,))] if key.endswith("+pf") else [])):
+        with overrides(plans[key]):
             for u in (int(v) for v in args.unrolls.split(",")):
                 with override("mamba2_replay_unroll", (u,)):
                     name = f"{key}_u{u}"

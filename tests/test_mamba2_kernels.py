@@ -290,23 +290,6 @@ def test_mamba2_replay_unroll_depths_are_exact(unroll):
     assert mamba2_replay_unroll() == 4
 
 
-@pytest.mark.parametrize("tile,case", [
-    pytest.param(None, (2, 2, 64, 1, 128, 4, bf16, True, False, 9), id="table-P64-2subtiles"),
-    pytest.param((16, 8, 2), (3, 2, 80, 1, 128, 4, bf16, False, False, 14), id="t16x8x2-P80-3subtiles-masked"),
-])
-def test_mamba2_decode_flush_prefetch_is_exact(tile, case):
-    """The decode flush with the next sub-tile's checkpoint rows loaded ahead
-    (`configs.mamba2_flush_prefetch`): programs of two and of three flush sub-tiles (the last one
-    partly masked) keep the state and flush outputs bit-exact."""
-    from replayssm_kernels.configs import mamba2_flush_prefetch, override
-
-    with override("mamba2_flush_prefetch", (1,)):
-        assert mamba2_flush_prefetch()
-        with override("mamba2_decode_tile", tile) if tile else contextlib.nullcontext():
-            test_mamba2_decode(*case)
-    assert not mamba2_flush_prefetch()
-
-
 @pytest.mark.parametrize("tile,case", CHUNKED_VERIFY)
 def test_mamba2_verify_chunked_tiles(tile, case):
     """The verify with several P-chunks per program: outputs within the baseline's error, the
@@ -366,15 +349,18 @@ def test_mamba2_tile_config():
 
 
 def test_mamba2_default_tiles_by_batch():
-    """From `mamba2_chunk_min_batch` rows (256) the verify runs 16-row chunks, 2 warps, one program per
-    head, and so does the decode where P is not a multiple of 64 (Nemotron-Nano's P=80); below it,
-    and for the Super-shape decode, the table tile (the H200 measurements of docs/perf.md run 6)."""
+    """From `mamba2_chunk_min_batch` rows (8) the verify and the decode run 16-row chunks, 2 warps, one
+    program per head; from 256 rows the decode at P = 64 (Nemotron-3-Super) runs 64-row programs
+    of 2 warps; below 8 rows the table tile (the H200 measurements of docs/perf.md run 7)."""
     from replayssm_kernels.configs import mamba2_chunk_min_batch
 
-    assert mamba2_chunk_min_batch() == 256
+    assert mamba2_chunk_min_batch() == 8
     for kernel, P, rows, want in (("verify", 64, 256, (16, 4, 2)), ("verify", 80, 512, (16, 5, 2)),
-                                  ("decode", 80, 256, (16, 5, 2)), ("decode", 64, 256, None),
-                                  ("verify", 64, 255, None), ("decode", 80, 1, None), ("verify", 80, None, None)):
+                                  ("decode", 80, 256, (16, 5, 2)), ("decode", 64, 256, (64, 1, 2)),
+                                  ("decode", 64, 255, (16, 4, 2)), ("decode", 64, 8, (16, 4, 2)),
+                                  ("verify", 64, 8, (16, 4, 2)), ("decode", 80, 8, (16, 5, 2)),
+                                  ("verify", 64, 7, None), ("decode", 64, 7, None), ("decode", 80, 1, None),
+                                  ("verify", 80, None, None)):
         cfg = tile_config(kernel, P, 128, rows)
         if want is None:
             assert cfg.NC == 1 and cfg == tile_config(kernel, P, 128), (kernel, P, rows)
@@ -399,7 +385,7 @@ def test_mamba2_default_chunked_dispatch_is_exact(kernel, monkeypatch):
 
     def spy(*args, **kwargs):
         cfg = tile_config(*args, **kwargs)
-        used.append(cfg.NC)
+        used.append(cfg.NC if cfg.num_warps != 2 or cfg.NC != 1 else "wide")
         return cfg
 
     monkeypatch.setattr(mod, "tile_config", spy)
@@ -409,6 +395,15 @@ def test_mamba2_default_chunked_dispatch_is_exact(kernel, monkeypatch):
         else:
             test_mamba2_verify_commit(2, 2, 64, 2, 128, 8, 4, bf16, True, False, 8)
     assert used and set(used) == {5 if kernel == "decode" else 4}, used
+    if kernel == "decode":
+        # the P = 64 decode's wide programs (threshold lowered to 1 row as well)
+        import replayssm_kernels.configs as configs
+
+        monkeypatch.setattr(configs, "_MAMBA2_DECODE_WIDE_MIN_BATCH", 1)
+        used.clear()
+        with override("mamba2_chunk_min_batch", (1,)):
+            test_mamba2_decode(2, 2, 64, 1, 128, 4, bf16, True, False, 9)
+        assert used and set(used) == {"wide"}, used
 
 
 def _direct_setup(device, gen, dtype=bf16, NH=4, P=16, G=2, N=16, L=4, S=6, Lm=1, slot_pad=1):

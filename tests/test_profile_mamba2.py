@@ -36,10 +36,10 @@ def test_profile_mamba2_phases_runs_every_plan(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(dec_mod, "_launch", spy)
     out = tmp_path / "p.json"
     prof.main(["--device", "cpu", "--heads", "2", "--batch", "2", "--ring-len", "4", "--reps", "1",
-               "--plans", "default,t16x4x1+pf,1x32x8x2", "--fills", "0,2", "--unrolls", "4,16", "--ceiling", "--json", str(out)])
+               "--plans", "default,t16x4x1,1x32x8x2", "--fills", "0,2", "--unrolls", "4,16", "--ceiling", "--json", str(out)])
     res = json.loads(out.read_text())["times_us"]
     for key in ("ssu", "exact", "default_nonflush", "default_u4_flush", "default_u16_cycle",
-                "default_nonflush_wp0", "default_nonflush_wp2", "t16x4x1+pf_u16_cycle", "1x32x8x2_nonflush_launch1", "1x32x8x2_nonflush_launch2", "1x32x8x2_u16_flush", "read_ceiling_R128_w8_slot"):
+                "default_nonflush_wp0", "default_nonflush_wp2", "t16x4x1_u16_cycle", "1x32x8x2_nonflush_launch1", "1x32x8x2_nonflush_launch2", "1x32x8x2_u16_flush", "read_ceiling_R128_w8_slot"):
         assert key in res, key
     assert {0, 1, 2} <= set(seen_modes)
     # cycle = ((L - 1) * non-flush + flush) / L

@@ -19,8 +19,7 @@ _OVERRIDES: dict[str, tuple[int, int, int]] = {}
 _OVERRIDE_ARITY = {"gdn_decode": (7,), "gdn_verify": (3, 4), "gdn_fold_cols": (1,), "gdn_ring_min_batch": (1,),
                    "mamba2_ring_min_batch": (1,), "mamba2_decode": (4,),
                    "mamba2_decode_tile": (3,), "mamba2_verify_tile": (3,), "mamba2_chunk_min_batch": (1,),
-                   "mamba2_replay_unroll": (1,), "gdn_replay_unroll": (1,),
-                   "mamba2_flush_prefetch": (1,)}
+                   "mamba2_replay_unroll": (1,), "gdn_replay_unroll": (1,)}
 
 
 def _env_overrides() -> None:
@@ -53,15 +52,14 @@ def describe() -> str:
         "a GDN server without speculative decoding that cannot run this many requests allocates no rings)",
         f"mamba2_ring_min_batch={ring_min_batch('mamba2')} (below: exact recurrence every step)",
         f"mamba2_replay_unroll={mamba2_replay_unroll()} (ring entries per straight-line chunk of the exact replay)",
-        f"mamba2_flush_prefetch={int(mamba2_flush_prefetch())} (decode flush: next sub-tile's checkpoint rows "
-        "loaded before the current one is replayed)",
         "mamba2_decode=" + "x".join(map(str, m2_plan))
         + (" (one launch, the tile table's decode tile)" if m2_plan[0] == 0
            else " (flush rows in their own launch: split x BM x warps x stages)"),
-        *(f"mamba2_{k}_tile=P64:" + ("x".join(map(str, mamba2_tile(k, 64, 128, 1 << 20) or ())) or "table")
-          + ",P80:" + ("x".join(map(str, mamba2_tile(k, 80, 128, 1 << 20) or ())) or "table")
-          + f" (BM x chunks x warps, N=128, from mamba2_chunk_min_batch={mamba2_chunk_min_batch()} rows; "
-          "table = mamba2/common.py's one-chunk tile, also below that batch)"
+        *(f"mamba2_{k}_tile=" + ",".join(
+            f"P{P}@{rows}:" + ("x".join(map(str, mamba2_tile(k, P, 128, rows) or ())) or "table")
+            for P in (64, 80) for rows in (1, mamba2_chunk_min_batch(), _MAMBA2_DECODE_WIDE_MIN_BATCH))
+          + " (BM x chunks x warps at N=128 for a launch of @rows rows and up; "
+          "table = mamba2/common.py's one-chunk tile)"
           for k in ("decode", "verify")),
     ])
 
@@ -171,34 +169,42 @@ def mamba2_decode_plan() -> tuple[int, int, int, int]:
 # Chunked Mamba-2 tiles (BM x NC x warps: a program covers NC chunks of BM rows of P) that
 # `bench_kernels.py --sweep` times for the decode and the verify at both Mamba-2 shapes. NC is
 # capped at the chunks P needs, so (16, 8, w) is one program per head at P = 64 and P = 80.
-MAMBA2_TILE_SWEEP = ((16, 8, 4), (16, 8, 2), (32, 4, 4), (16, 8, 8))
+MAMBA2_TILE_SWEEP = ((16, 8, 4), (16, 8, 2), (32, 4, 4), (16, 8, 8), (64, 1, 2), (32, 2, 2))
 
 
 # From this many rows a Mamba-2 launch takes the chunked default tile below. H200, 2026-12-01
-# (docs/perf.md run 6, SGLang's kernels in the same run): at batch 256 the verify with 16-row
-# chunks, 2 warps, one program per head took 665.9 / 883.2 us against 806.5 / 1304.4 us for the
-# table tile (verify + commit, Super / Nano shape), and the Nano-shape decode 437.6 against
-# 677.8 us; at batch 1 the chunked tiles were slower (verify 13.5 vs 11.2 us, Nano decode 8.3 vs
-# 5.7 us). Batches 8-128 were not measured, so the threshold sits at the smallest measured win.
-_MAMBA2_CHUNK_MIN_BATCH = 256
+# (docs/perf.md run 7, SGLang's kernels in the same run, batches 1-256): 16-row chunks, 2 warps,
+# one program per head beat the table tile at every batch from 8 on, verify + commit at T=4
+# (batch 128: Super 342.6 vs 420.0 us, Nano 452.9 vs 671.8 us; batch 8: 34.8 vs 38.5, 41.7 vs
+# 51.9 us) and decode (batch 128: Super 170.6 vs 179.3 us, Nano 216.8 vs 309.4 us; batch 8: 16.6
+# vs 18.5, 20.2 vs 23.4 us); at batch 1 the table tile was faster (Super decode 6.2 vs 7.3 us,
+# verify 11.4 vs 13.7 us). Batches 2-7 were not measured, so the threshold sits at the smallest
+# measured win.
+_MAMBA2_CHUNK_MIN_BATCH = 8
 _MAMBA2_CHUNK_DEFAULT = (16, 8, 2)
+# From this many rows the decode at a P that is a multiple of 64 (Nemotron-3-Super's P = 64) takes
+# 64-row programs of 2 warps instead: per-phase profile at batch 256 (docs/perf.md run 7), ring
+# cycle (15 non-flush + 1 flush step) / 16 = 333.3 us against 342.0 (t32x4x4) and 363.5 us (table
+# tile); not timed below 256 rows.
+_MAMBA2_DECODE_WIDE_MIN_BATCH = 256
+_MAMBA2_DECODE_WIDE = (64, 1, 2)
 
 
 def mamba2_tile(kernel: str, P: int, N: int, rows: int | None = None):
     """(BM, NC, num_warps) of the Mamba-2 decode / verify program for a launch of `rows` rows, or
-    None for the one-chunk tile of `mamba2/common.py`'s table. Default: 16-row chunks, 2 warps, one
-    program per head from `mamba2_chunk_min_batch` rows on, for the verify at any P that is a
-    multiple of 16 and for the decode where P is not a multiple of 64 (Nemotron-Nano's P=80; at
-    P=64 the decode's table tile was as fast)."""
+    None for the one-chunk tile of `mamba2/common.py`'s table. Default from `mamba2_chunk_min_batch`
+    rows on, at any P that is a multiple of 16: 16-row chunks, 2 warps, one program per head; the
+    decode at a P that is a multiple of 64 takes 64-row programs of 2 warps from
+    `_MAMBA2_DECODE_WIDE_MIN_BATCH` rows. Below the threshold, the table tile."""
     name = f"mamba2_{kernel}_tile"
     if name in _OVERRIDES:
         return tuple(int(x) for x in _OVERRIDES[name])
     bm, nc, warps = _MAMBA2_CHUNK_DEFAULT
     if rows is None or rows < mamba2_chunk_min_batch() or P % bm or bm * _next_pow2(N) < 4 * 32 * warps:
         return None
-    if kernel == "verify" or (kernel == "decode" and P % 64):
-        return _MAMBA2_CHUNK_DEFAULT
-    return None
+    if kernel == "decode" and P % 64 == 0 and rows >= _MAMBA2_DECODE_WIDE_MIN_BATCH:
+        return _MAMBA2_DECODE_WIDE
+    return _MAMBA2_CHUNK_DEFAULT
 
 
 def _next_pow2(n: int) -> int:
@@ -223,17 +229,6 @@ def mamba2_replay_unroll() -> int:
     if "mamba2_replay_unroll" in _OVERRIDES:
         return _OVERRIDES["mamba2_replay_unroll"][0]
     return _MAMBA2_REPLAY_UNROLL
-
-
-# Mamba-2 decode flush: load the next flush sub-tile's checkpoint rows before replaying the current
-# one (1), or one sub-tile at a time (0, what runs 1-6 measured). The bits are the same either way.
-_MAMBA2_FLUSH_PREFETCH = 0
-
-
-def mamba2_flush_prefetch() -> bool:
-    if "mamba2_flush_prefetch" in _OVERRIDES:
-        return bool(_OVERRIDES["mamba2_flush_prefetch"][0])
-    return bool(_MAMBA2_FLUSH_PREFETCH)
 
 
 # The same for the GDN exact replay (decode flush, commit fold): 1 (one entry per loop iteration)

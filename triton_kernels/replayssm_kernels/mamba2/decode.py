@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import mamba2_decode_plan, mamba2_flush_prefetch, mamba2_replay_unroll
+from ..configs import mamba2_decode_plan, mamba2_replay_unroll
 from .common import (
     MIN_FLUSH_ROWS,
     mamba2_dt,
@@ -55,37 +55,6 @@ def _chunk_loads(p_s, p_x, p_rx, o_m, o_n, phys_j, m_j, mask_n, P: tl.constexpr,
 
 
 @triton.jit
-def _flush_loads(p_s, row0, o_in, o_n, mask_n, P: tl.constexpr, N: tl.constexpr, ROWS: tl.constexpr):
-    """A flush sub-tile's checkpoint rows `row0 + [0, BMF)` of the head (`o_in`: their index within
-    the program's ROWS rows, for the mask) and its pointers / masks."""
-    o_f = row0 + tl.arange(0, o_in.shape[0])
-    mask_f = (o_f < P) & (o_in < ROWS)
-    mask_fs = mask_f[:, None] & mask_n[None, :]
-    p_sf = p_s + o_f[:, None] * N + o_n[None, :]
-    b_s = tl.load(p_sf, mask=mask_fs, other=0).to(tl.float32)
-    return b_s, p_sf, mask_f, mask_fs, o_f
-
-
-@triton.jit
-def _flush_tile(b_s, p_sf, mask_f, mask_fs, o_f, o_n, mask_n, p_rx, p_rB, p_rdt, p_x, p_z, p_o, org, wp,
-                b_A, b_bias, b_B, b_dt, b_C, b_D, P: tl.constexpr, N: tl.constexpr, RL: tl.constexpr,
-                UNROLL: tl.constexpr, HAS_Z: tl.constexpr):
-    """Exact replay of the pending raw entries into a loaded flush sub-tile, then this token, then
-    the baseline's readout; stores the output rows and the checkpoint rows."""
-    b_s = mamba2_replay(b_s, p_rx, p_rB, p_rdt, o_f, o_n, mask_f, mask_n, org, 0, wp, b_A, b_bias,
-                        P, N, RL, UNROLL)
-    b_x = tl.load(p_x + o_f, mask=mask_f, other=0).to(tl.float32)
-    if HAS_Z:
-        b_z = tl.load(p_z + o_f, mask=mask_f, other=0).to(tl.float32)
-    else:
-        b_z = b_x
-    b_s = mamba2_exact_step(b_s, b_x, b_B, b_dt, b_A)
-    b_y = mamba2_exact_output(b_s, b_C, b_x, b_D, b_z, HAS_Z)
-    tl.store(p_o + o_f, b_y.to(p_o.dtype.element_ty), mask=mask_f)
-    tl.store(p_sf, b_s.to(p_sf.dtype.element_ty), mask=mask_fs)
-
-
-@triton.jit
 def _mamba2_decode_kernel(
     x, dt, Bm, C, z, A, D, dt_bias, o,
     state, ring_x, ring_B, ring_dt,
@@ -95,7 +64,6 @@ def _mamba2_decode_kernel(
     NH: tl.constexpr, P: tl.constexpr, G: tl.constexpr, N: tl.constexpr,
     BM: tl.constexpr, BMF: tl.constexpr, BN: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
     HAS_Z: tl.constexpr, UNROLL: tl.constexpr, MODE: tl.constexpr = 0, NC: tl.constexpr = 1,
-    FLUSH_PREFETCH: tl.constexpr = False,
 ):
     NP = (P + BM * NC - 1) // (BM * NC)
     i_m, i_nh = tl.program_id(0) % NP, tl.program_id(0) // NP
@@ -144,26 +112,23 @@ def _mamba2_decode_kernel(
         # readout; over the program's BM * NC rows in sub-tiles of BMF rows (independent of the
         # chunks), so that this branch does not set the register budget of the (much more
         # frequent) non-flush branch.
-        if FLUSH_PREFETCH:
-            # Sub-tile f + 1's checkpoint rows are loaded before sub-tile f is replayed, so the
-            # program's state traffic overlaps its own replay arithmetic.
-            NF: tl.constexpr = (BM * NC + BMF - 1) // BMF
-            o_fl = tl.arange(0, BMF)
-            q_s, q_p, q_m, q_ms, q_o = _flush_loads(p_s, i_m * (BM * NC), o_fl, o_n, mask_n, P, N, BM * NC)
-            for f in tl.static_range(NF):
-                if f + 1 < NF:
-                    q_s_nx, q_p_nx, q_m_nx, q_ms_nx, q_o_nx = _flush_loads(
-                        p_s, i_m * (BM * NC) + (f + 1) * BMF, (f + 1) * BMF + o_fl, o_n, mask_n, P, N, BM * NC)
-                _flush_tile(q_s, q_p, q_m, q_ms, q_o, o_n, mask_n, p_rx, p_rB, p_rdt, p_x, p_z, p_o, org, wp,
-                            b_A, b_bias, b_B, b_dt, b_C, b_D, P, N, RL, UNROLL, HAS_Z)
-                if f + 1 < NF:
-                    q_s, q_p, q_m, q_ms, q_o = q_s_nx, q_p_nx, q_m_nx, q_ms_nx, q_o_nx
-        else:
-            for i_f in range(0, BM * NC, BMF):
-                q_s, q_p, q_m, q_ms, q_o = _flush_loads(p_s, i_m * (BM * NC) + i_f, i_f + tl.arange(0, BMF),
-                                                               o_n, mask_n, P, N, BM * NC)
-                _flush_tile(q_s, q_p, q_m, q_ms, q_o, o_n, mask_n, p_rx, p_rB, p_rdt, p_x, p_z, p_o, org, wp,
-                            b_A, b_bias, b_B, b_dt, b_C, b_D, P, N, RL, UNROLL, HAS_Z)
+        for i_f in range(0, BM * NC, BMF):
+            o_f = i_m * (BM * NC) + i_f + tl.arange(0, BMF)
+            mask_f = (o_f < P) & (i_f + tl.arange(0, BMF) < BM * NC)
+            mask_fs = mask_f[:, None] & mask_n[None, :]
+            p_sf = p_s + o_f[:, None] * N + o_n[None, :]
+            b_s = tl.load(p_sf, mask=mask_fs, other=0).to(tl.float32)
+            b_s = mamba2_replay(b_s, p_rx, p_rB, p_rdt, o_f, o_n, mask_f, mask_n, org, 0, wp, b_A, b_bias,
+                                P, N, RL, UNROLL)
+            b_x = tl.load(p_x + o_f, mask=mask_f, other=0).to(tl.float32)
+            if HAS_Z:
+                b_z = tl.load(p_z + o_f, mask=mask_f, other=0).to(tl.float32)
+            else:
+                b_z = b_x
+            b_s = mamba2_exact_step(b_s, b_x, b_B, b_dt, b_A)
+            b_y = mamba2_exact_output(b_s, b_C, b_x, b_D, b_z, HAS_Z)
+            tl.store(p_o + o_f, b_y.to(p_o.dtype.element_ty), mask=mask_f)
+            tl.store(p_sf, b_s.to(p_sf.dtype.element_ty), mask=mask_fs)
     else:
         # The first chunk's loads go out before the ring coefficients (computed once per program:
         # they do not depend on the P row), so their latencies overlap; then the program's NC
@@ -329,6 +294,5 @@ def _launch(mode, tile, x, dt, B, C, z, A, D, dt_bias, out, state, rings, slot_i
         state.stride(0), rings.x.stride(0), rings.B.stride(0), rings.dt.stride(0),
         NH=NH, P=P, G=G, N=N, BM=tile.BM, BMF=tile.BMF, BN=tile.BN, RL=RL, RLB=triton.next_power_of_2(RL),
         HAS_Z=z is not None, UNROLL=mamba2_replay_unroll(), MODE=mode, NC=tile.NC,
-        FLUSH_PREFETCH=mamba2_flush_prefetch(),
         **tile.launch,
     )
