@@ -350,14 +350,15 @@ def test_mamba2_tile_config():
 
 def test_mamba2_default_tiles_by_batch():
     """From `mamba2_chunk_min_batch` rows (8) the verify and the decode run 16-row chunks, 2 warps, one
-    program per head; from 256 rows the decode at P = 64 (Nemotron-3-Super) runs 64-row programs
+    program per head; from 128 rows the decode at P = 64 (Nemotron-3-Super) runs 64-row programs
     of 2 warps; below 8 rows the table tile (the H200 measurements of docs/perf.md run 7)."""
     from replayssm_kernels.configs import mamba2_chunk_min_batch
 
     assert mamba2_chunk_min_batch() == 8
     for kernel, P, rows, want in (("verify", 64, 256, (16, 4, 2)), ("verify", 80, 512, (16, 5, 2)),
                                   ("decode", 80, 256, (16, 5, 2)), ("decode", 64, 256, (64, 1, 2)),
-                                  ("decode", 64, 255, (16, 4, 2)), ("decode", 64, 8, (16, 4, 2)),
+                                  ("decode", 64, 128, (64, 1, 2)), ("decode", 64, 127, (16, 4, 2)),
+                                  ("decode", 64, 8, (16, 4, 2)),
                                   ("verify", 64, 8, (16, 4, 2)), ("decode", 80, 8, (16, 5, 2)),
                                   ("verify", 64, 7, None), ("decode", 64, 7, None), ("decode", 80, 1, None),
                                   ("verify", 80, None, None)):

@@ -183,10 +183,11 @@ MAMBA2_TILE_SWEEP = ((16, 8, 4), (16, 8, 2), (32, 4, 4), (16, 8, 8), (64, 1, 2),
 _MAMBA2_CHUNK_MIN_BATCH = 8
 _MAMBA2_CHUNK_DEFAULT = (16, 8, 2)
 # From this many rows the decode at a P that is a multiple of 64 (Nemotron-3-Super's P = 64) takes
-# 64-row programs of 2 warps instead: per-phase profile at batch 256 (docs/perf.md run 7), ring
-# cycle (15 non-flush + 1 flush step) / 16 = 333.3 us against 342.0 (t32x4x4) and 363.5 us (table
-# tile); not timed below 256 rows.
-_MAMBA2_DECODE_WIDE_MIN_BATCH = 256
+# 64-row programs of 2 warps instead (docs/perf.md run 7, same run as SGLang's SSU, synchronised /
+# staggered ring cycle): batch 256 327.1 / 339.3 us against 345.4 / 369.1 (16x8x2) and 355.8 /
+# 369.9 us (table tile, an earlier run); batch 128 163.5 / 180.1 against 170.3 / 191.9 (16x8x2);
+# batch 32 46.2 / 55.3 against 47.3 / 54.6 (a tie), batch 8 17.0 / 22.5 against 16.5 / 21.2.
+_MAMBA2_DECODE_WIDE_MIN_BATCH = 128
 _MAMBA2_DECODE_WIDE = (64, 1, 2)
 
 
