@@ -31,7 +31,7 @@ if has tests; then
   echo "kernel tests rc=$? ($(tail -1 "$OUT/kernel_tests.log"))"
 fi
 if has profile; then
-  timeout 120 python3 scripts/profile_gdn_phases.py --batch 256 > "$OUT/profile_gdn.log" 2>&1
+  timeout 150 python3 scripts/profile_gdn_phases.py --batch 256 --ceiling > "$OUT/profile_gdn.log" 2>&1
   echo "profile rc=$?"; tail -1 "$OUT/profile_gdn.log" | cut -c1-2000
 fi
 if has m2profile; then

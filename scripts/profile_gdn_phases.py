@@ -3,6 +3,7 @@
     python scripts/profile_gdn_phases.py [--batch 256] [--hv 32]
 
 Times, with CUDA graphs, one launch of: SGLang's packed decode and single-token recurrent update;
+with `--ceiling` a plain streaming read of the whole state (`read_ceiling.py`);
 our decode on a non-flush step at several ring fills and on a flush step, for each output-path
 variant (warp reductions vs tf32x3 tensor-core dots); the exact fold at several lengths; the
 verify kernel at several launch configs. Prints registers and spills of each compiled variant.
@@ -19,6 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_kernels import DECODE_CONFIGS, time_graph  # noqa: E402
+from read_ceiling import read_ceiling  # noqa: E402
 
 
 def main():
@@ -27,6 +29,7 @@ def main():
     p.add_argument("--hv", type=int, default=32)
     p.add_argument("--ring-len", type=int, default=16)
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--ceiling", action="store_true", help="also time plain streaming reads of the state")
     args = p.parse_args()
 
     from sglang.kernels.ops.attention.fla.fused_recurrent import fused_recurrent_gated_delta_rule_packed_decode
@@ -65,6 +68,8 @@ def main():
 
     t("packed_decode", lambda: fused_recurrent_gated_delta_rule_packed_decode(
         mixed, a, b, A_log, dt_bias, K ** -0.5, state, out, slots, use_qk_l2norm_in_kernel=True))
+    if args.ceiling:
+        read_ceiling(state, slots, t)
     st2 = state.clone()
     t("sglang_recurrent_T1", lambda: fused_sigmoid_gating_delta_rule_update(
         A_log=A_log, a=a[:, None], dt_bias=dt_bias, softplus_beta=1.0, softplus_threshold=20.0,

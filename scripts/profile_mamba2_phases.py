@@ -19,11 +19,10 @@ import os
 import sys
 
 import torch
-import triton
-import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_kernels import M2_SHAPES, overrides, time_graph  # noqa: E402
+from read_ceiling import read_ceiling  # noqa: E402
 
 # (key, overrides): the default plan and the candidates for the Super-shape decode
 PLANS = (
@@ -39,37 +38,6 @@ PLANS = (
     ("1x64x8x2", [("mamba2_decode", (1, 64, 8, 2))]),
 )
 UNROLLS = (4, 8, 16)
-
-
-@triton.jit
-def _read_rows(state, slot_idx, out, ROWS_PER_SLOT: tl.constexpr, R: tl.constexpr, N: tl.constexpr,
-               INDIRECT: tl.constexpr):
-    """Streaming-read ceiling: each program reads R rows of N fp32 of one slot's state (through the
-    slot index when INDIRECT) and stores their row sums."""
-    PPS: tl.constexpr = ROWS_PER_SLOT // R
-    i_p = tl.program_id(0)
-    i_b, i_r = i_p // PPS, i_p % PPS
-    if INDIRECT:
-        slot = tl.load(slot_idx + i_b).to(tl.int64)
-    else:
-        slot = i_b.to(tl.int64)
-    o_r = i_r * R + tl.arange(0, R)
-    o_n = tl.arange(0, N)
-    b = tl.load(state + slot * ROWS_PER_SLOT * N + o_r[:, None] * N + o_n[None, :], eviction_policy="evict_first")
-    tl.store(out + i_b.to(tl.int64) * ROWS_PER_SLOT + o_r, tl.sum(b, 1))
-
-
-def read_ceiling(state, slots, t, reps):
-    """Time `_read_rows` over the whole state at several rows per program and warps."""
-    B, NH, P, N = state.shape
-    out = torch.empty(B * NH * P, device=state.device)
-    for R, warps in ((32, 4), (64, 4), (64, 8), (128, 4), (128, 8), (256, 8)):
-        if (NH * P) % R:
-            continue
-        for ind in (0, 1):
-            grid = (B * NH * P // R,)
-            t(f"read_ceiling_R{R}_w{warps}{'_slot' if ind else ''}", lambda: _read_rows[grid](
-                state, slots, out, ROWS_PER_SLOT=NH * P, R=R, N=N, INDIRECT=ind, num_warps=warps))
 
 
 @contextlib.contextmanager
@@ -143,7 +111,7 @@ def main(argv=None):
 
     t("exact", phase(0, True))
     if args.ceiling:
-        read_ceiling(state, slots, t, args.reps)
+        read_ceiling(state, slots, t)
     plans = dict(PLANS)
     for key in args.plans.split(","):
         with overrides(plans[key]):
