@@ -61,6 +61,21 @@ def time_graph(fn, units: int, reps: int = 30, warmup: int = 2) -> float:
     return statistics.median(times) * 1e3 / units
 
 
+def phase_timer(res: dict, reps: int, width: int = 44):
+    """`t(name, fn)` for the phase profilers: one launch of `fn` per graph replay, the median in
+    `res[name]` (us, one decimal), printed as it comes."""
+    def t(name, fn):
+        res[name] = round(time_graph(fn, 1, reps), 1)
+        print(f"{name:{width}s} {res[name]:9.1f} us", flush=True)
+    return t
+
+
+def fill_rings_randn(rings, scale: float = 1.0) -> None:
+    """Random ring contents (any ring dataclass with `tensors()`), for timing the replay on data."""
+    for ring in rings.tensors():
+        ring.copy_((torch.randn_like(ring, dtype=torch.float32) * scale).to(ring.dtype))
+
+
 def copy_bandwidth() -> float:
     """Device-to-device copy, bytes read + written per second (GB/s)."""
     n = 2 << 30

@@ -19,7 +19,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_kernels import DECODE_CONFIGS, time_graph  # noqa: E402
+from bench_kernels import DECODE_CONFIGS, fill_rings_randn, phase_timer  # noqa: E402
 from read_ceiling import read_ceiling  # noqa: E402
 
 
@@ -55,16 +55,12 @@ def main():
                mixed[:, 2 * H * K:].view(B, HV, V))
     out = torch.empty(B, 1, HV, V, device=dev, dtype=act)
     rings_all = alloc_gdn_rings(1, B, H, HV, K, V, L, act, dev)
-    for t in rings_all.tensors():
-        t.copy_(torch.randn_like(t, dtype=torch.float32).to(t.dtype) * 0.1)
+    fill_rings_randn(rings_all, 0.1)
     rings_all.g.copy_(-rings_all.g.abs())
     rings = rings_all.layer(0)
     origin = torch.zeros(B, dtype=torch.int32, device=dev)
     res = {}
-
-    def t(name, fn):
-        res[name] = round(time_graph(fn, 1, args.reps), 1)
-        print(f"{name:40s} {res[name]:9.1f} us", flush=True)
+    t = phase_timer(res, args.reps, width=40)
 
     t("packed_decode", lambda: fused_recurrent_gated_delta_rule_packed_decode(
         mixed, a, b, A_log, dt_bias, K ** -0.5, state, out, slots, use_qk_l2norm_in_kernel=True))

@@ -21,7 +21,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_kernels import M2_SHAPES, overrides, time_graph  # noqa: E402
+from bench_kernels import M2_SHAPES, fill_rings_randn, overrides, phase_timer  # noqa: E402
 from read_ceiling import read_ceiling  # noqa: E402
 
 # (key, overrides): the default plan and the candidates for the Super-shape decode
@@ -88,15 +88,11 @@ def main(argv=None):
     C = torch.randn(B, G, N, device=dev, dtype=act)
     y = torch.empty(B, NH, P, device=dev, dtype=act)
     rings_all = alloc_mamba2_rings(1, B, NH, P, G, N, L, act, dev)
-    for t in rings_all.tensors():
-        t.copy_(torch.randn_like(t, dtype=torch.float32).to(t.dtype))
+    fill_rings_randn(rings_all)
     rings = rings_all.layer(0)
     origin = torch.zeros(B, dtype=torch.int32, device=dev)
     res = {}
-
-    def t(name, fn):
-        res[name] = round(time_graph(fn, 1, args.reps), 1)
-        print(f"{name:44s} {res[name]:9.1f} us", flush=True)
+    t = phase_timer(res, args.reps)
 
     A_e = A[:, None, None].expand(NH, P, N)
     t("ssu", lambda: selective_state_update(
