@@ -564,12 +564,14 @@ def overrides(plan):
 
 def m2_decode_plans():
     """(key, [(override name, plan), ...]) of the Mamba-2 decode plans the sweep times besides the
-    default: the split plans, the exact replay's other unroll depths (`u<n>`), the chunked tiles, and
+    default: the split plans, the exact replay's other unroll depths (`u<n>`), the ring's B . C in a
+    launch of its own (`bc`), the chunked tiles, and
     the first split plan with each four-warp chunked tile."""
     from replayssm_kernels.configs import MAMBA2_DECODE_SWEEP, MAMBA2_TILE_SWEEP, MAMBA2_UNROLL_SWEEP
 
     plans = [("x".join(map(str, p)), [("mamba2_decode", p)]) for p in MAMBA2_DECODE_SWEEP]
     plans += [(f"u{u}", [("mamba2_replay_unroll", (u,))]) for u in MAMBA2_UNROLL_SWEEP]
+    plans.append(("bc", [("mamba2_ring_bc_min_batch", (1,))]))  # ring B . C in a launch of its own
     for t in MAMBA2_TILE_SWEEP:
         key = "t" + "x".join(map(str, t))
         plans.append((key, [("mamba2_decode_tile", t)]))

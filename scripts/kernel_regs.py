@@ -137,7 +137,7 @@ def mamba2_rows(NH=128, P=64, G=8, N=128, L=16, T=4):
     from replayssm_kernels.mamba2 import common, decode, verify
 
     act = {n: "*bf16" for n in ("x", "dt", "Bm", "C", "z", "o", "ring_x", "ring_B", "ring_dt")}
-    f32 = {n: "*fp32" for n in ("A", "D", "dt_bias", "state")}
+    f32 = {n: "*fp32" for n in ("A", "D", "dt_bias", "state", "ring_bc")}
     i32 = {n: "*i32" for n in ("slot_idx", "row_wp", "row_flush", "origin", "wpos")}
     ptrs = {**act, **f32, **i32}
     head = dict(NH=NH, P=P, G=G, N=N, RL=L, RLB=triton.next_power_of_2(L), HAS_Z=True)
@@ -151,11 +151,19 @@ def mamba2_rows(NH=128, P=64, G=8, N=128, L=16, T=4):
     chunked = [common.chunked_tile(bm, nc, default.BMF, w, default.num_stages, P, N) for bm, nc, w in MAMBA2_TILE_SWEEP]
     plans += [("chunked", 0, t) for t in chunked]
     plans = [(w, m, t, mamba2_replay_unroll()) for w, m, t in plans]
-    plans += [(f"one launch, replay unroll {u}", 0, default, u) for u in MAMBA2_UNROLL_SWEEP]
-    for what, mode, t, unroll in plans:
-        c = dict(head, UNROLL=unroll, BM=t.BM, BMF=t.BMF, BN=t.BN, MODE=mode, NC=t.NC)
+    plans = [(w, m, t, u, False) for w, m, t, u in plans]
+    plans += [(f"one launch, replay unroll {u}", 0, default, u, False) for u in MAMBA2_UNROLL_SWEEP]
+    plans += [("ring B . C launched apart", 0, default, mamba2_replay_unroll(), True)]
+    plans += [("ring B . C launched apart", 0, t, mamba2_replay_unroll(), True) for t in chunked if t.num_warps == 2]
+    for what, mode, t, unroll, ring_bc in plans:
+        c = dict(head, UNROLL=unroll, BM=t.BM, BMF=t.BMF, BN=t.BN, MODE=mode, NC=t.NC, RING_BC=ring_bc)
         rows.append((f"decode {what} (BM {t.BM} x {t.NC}, BMF {t.BMF}, w{t.num_warps})",
                      *ptxas_report(kern, signature(kern, ptrs, c), c, t.num_warps, t.num_stages)))
+    kern = decode._mamba2_ring_bc_kernel
+    c = dict(G=G, N=N, BN=triton.next_power_of_2(N), RL=L, RLB=triton.next_power_of_2(L))
+    rows.append(("decode ring B . C launch (one program per row and group, w4)",
+                 *ptxas_report(kern, signature(kern, {"C": "*bf16", "ring_B": "*bf16", "ring_bc": "*fp32", **i32}, c),
+                               c, 4)))
     kern = verify._mamba2_verify_kernel
     vdef = common.tile_config("verify", P, N)
     for t in [vdef] + [common.chunked_tile(bm, nc, vdef.BMF, w, vdef.num_stages, P, N) for bm, nc, w in MAMBA2_TILE_SWEEP]:

@@ -121,7 +121,7 @@ def m2_tables(rows, copy_gbps):
     return out
 
 
-_M2_PLAN_RE = re.compile(r"^decode_ours_((?:\d+x\d+x\d+x\d+)?(?:_?t\d+x\d+x\d+)?|u\d+)_us$")
+_M2_PLAN_RE = re.compile(r"^decode_ours_((?:\d+x\d+x\d+x\d+)?(?:_?t\d+x\d+x\d+)?|u\d+|bc)_us$")
 _M2_VERIFY_RE = re.compile(r"^spec_ours_(t\d+x\d+x\d+|u\d+)_us$")
 
 
@@ -152,8 +152,9 @@ def m2_plan_tables(rows):
     """The Mamba-2 plans timed by `bench_kernels.py --sweep`, one table per shape with a line per plan
     and a column pair per batch: decode plans (keys `decode_ours_<plan>_us` / `..._staggered_us`;
     `S x BM x W x ST` = split plan, `tBM x NC x W` = chunked tile, both joined by `_`; `u<n>` = the
-    exact replay unrolled n entries) against SGLang's SSU, and verify tiles / unroll depths
-    (`spec_ours_t<tile>_us`, `spec_ours_u<n>_us`) against SGLang's verify + scatter."""
+    exact replay unrolled n entries; `bc` = the ring's B . C launched apart) against SGLang's SSU, and
+    verify tiles / unroll depths (`spec_ours_t<tile>_us`, `spec_ours_u<n>_us`) against SGLang's
+    verify + scatter."""
     out = []
     for shape in dict.fromkeys(r["shape"] for r in rows if r["family"] == "mamba2"):
         sub = [r for r in rows if r["family"] == "mamba2" and r["shape"] == shape]

@@ -33,6 +33,7 @@ PLANS = (
     ("t32x2x2", [("mamba2_decode_tile", (32, 2, 2))]),
     ("t16x4x1", [("mamba2_decode_tile", (16, 4, 1))]),
     ("t16x8x4", [("mamba2_decode_tile", (16, 8, 4))]),
+    ("bc", [("mamba2_ring_bc_min_batch", (1,))]),  # the default tile, ring B . C launched apart
     ("1x32x8x2", [("mamba2_decode", (1, 32, 8, 2))]),
     ("1x32x4x2", [("mamba2_decode", (1, 32, 4, 2))]),
     ("1x64x8x2", [("mamba2_decode", (1, 64, 8, 2))]),

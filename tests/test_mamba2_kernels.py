@@ -290,6 +290,27 @@ def test_mamba2_replay_unroll_depths_are_exact(unroll):
     assert mamba2_replay_unroll() == 4
 
 
+@pytest.mark.parametrize("overrides,case", [
+    pytest.param((), (2, 2, 20, 2, 16, 16, bf16, True, False, 36), id="table-G2-L16-z"),
+    pytest.param((("mamba2_decode_tile", (16, 8, 2)),), (3, 2, 80, 1, 128, 4, bf16, False, False, 14),
+                 id="t16x8x2-P80"),
+    pytest.param((("mamba2_decode", (1, 32, 4, 2)),), (2, 4, 16, 2, 128, 4, bf16, True, False, 9), id="split-G2"),
+])
+def test_mamba2_decode_ring_bc_launch(overrides, case):
+    """The ring's B . C in a launch of its own (`configs.mamba2_ring_bc`, per row and group): state and
+    flush outputs bit-exact, the other outputs within the baseline's error, with one and several
+    groups and with the split plan's non-flush launch."""
+    from replayssm_kernels.configs import mamba2_ring_bc, override
+
+    assert not mamba2_ring_bc(1 << 20)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(override("mamba2_ring_bc_min_batch", (1,)))
+        for name, cfg in overrides:
+            stack.enter_context(override(name, cfg))
+        assert mamba2_ring_bc(1)
+        test_mamba2_decode(*case)
+
+
 @pytest.mark.parametrize("tile,case", CHUNKED_VERIFY)
 def test_mamba2_verify_chunked_tiles(tile, case):
     """The verify with several P-chunks per program: outputs within the baseline's error, the

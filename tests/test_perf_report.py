@@ -24,7 +24,7 @@ def test_mamba2_plan_table(tmp_path):
            "decode_ours_1x16x4x2_t16x8x4_us": 240.0, "decode_ours_1x16x4x2_t16x8x4_staggered_us": 250.0,
            "decode_bytes_ours": 1.0, "decode_bytes_ssu": 1.0, "spec_ours_us": 800.0, "spec_stock_us": 2800.0,
            "spec_ours_t16x8x4_us": 700.0, "decode_ours_u8_us": 320.0, "decode_ours_u8_staggered_us": 330.0,
-           "spec_ours_u8_us": 780.0}
+           "spec_ours_u8_us": 780.0, "decode_ours_bc_us": 310.0, "decode_ours_bc_staggered_us": 320.0}
     row1 = {k: v for k, v in row.items() if "1x16x4x2" not in k}
     row1.update(B=1, decode_ssu_us=6.5, decode_ours_us=5.9, decode_ours_staggered_us=5.9)
     path = tmp_path / "bench.log"
@@ -45,3 +45,4 @@ def test_mamba2_plan_table(tmp_path):
     assert line("default", v)[3:5] == ["800.0", "3.50x"] and line("`t16x8x4`", v)[3:5] == ["700.0", "4.00x"]
     assert "`1x16x4x2`" not in "\n".join(lines[v:])
     assert line("`u8`", 0)[3:5] == ["320.0 / 330.0", "2.25x / 2.18x"] and line("`u8`", v)[3] == "780.0"
+    assert line("`bc`", 0)[3:5] == ["310.0 / 320.0", "2.32x / 2.25x"] and "`bc`" not in "\n".join(lines[v:])

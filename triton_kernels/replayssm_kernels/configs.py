@@ -19,7 +19,7 @@ _OVERRIDES: dict[str, tuple[int, int, int]] = {}
 _OVERRIDE_ARITY = {"gdn_decode": (7,), "gdn_verify": (3, 4), "gdn_fold_cols": (1,), "gdn_ring_min_batch": (1,),
                    "mamba2_ring_min_batch": (1,), "mamba2_decode": (4,),
                    "mamba2_decode_tile": (3,), "mamba2_verify_tile": (3,), "mamba2_chunk_min_batch": (1,),
-                   "mamba2_replay_unroll": (1,), "gdn_replay_unroll": (1,)}
+                   "mamba2_replay_unroll": (1,), "gdn_replay_unroll": (1,), "mamba2_ring_bc_min_batch": (1,)}
 
 
 def _env_overrides() -> None:
@@ -52,6 +52,8 @@ def describe() -> str:
         "a GDN server without speculative decoding that cannot run this many requests allocates no rings)",
         f"mamba2_ring_min_batch={ring_min_batch('mamba2')} (below: exact recurrence every step)",
         f"mamba2_replay_unroll={mamba2_replay_unroll()} (ring entries per straight-line chunk of the exact replay)",
+        f"mamba2_ring_bc_min_batch={_OVERRIDES.get('mamba2_ring_bc_min_batch', (_MAMBA2_RING_BC_MIN_BATCH,))[0]} "
+        "(decode: the ring's B . C in a launch of its own from this many rows; 0 = never)",
         "mamba2_decode=" + "x".join(map(str, m2_plan))
         + (" (one launch, the tile table's decode tile)" if m2_plan[0] == 0
            else " (flush rows in their own launch: split x BM x warps x stages)"),
@@ -230,6 +232,19 @@ def mamba2_replay_unroll() -> int:
     if "mamba2_replay_unroll" in _OVERRIDES:
         return _OVERRIDES["mamba2_replay_unroll"][0]
     return _MAMBA2_REPLAY_UNROLL
+
+
+# Mamba-2 decode from this many rows (0 = never): the ring's B_j . C products in a launch of their
+# own, one program per (row, group), instead of in every (row, head, P-tile) program, which then
+# reads 16 floats instead of the group's ring of B (4 KiB at N=128, L=16) from L2. Session 12's
+# profile (docs/perf.md run 7) put the ring's share of a Super-shape non-flush step at 30-40 us
+# of ~285 at ring fills 8-15; not measured yet, so off.
+_MAMBA2_RING_BC_MIN_BATCH = 0
+
+
+def mamba2_ring_bc(rows: int) -> bool:
+    n = _OVERRIDES["mamba2_ring_bc_min_batch"][0] if "mamba2_ring_bc_min_batch" in _OVERRIDES else _MAMBA2_RING_BC_MIN_BATCH
+    return n > 0 and rows >= n
 
 
 # The same for the GDN exact replay (decode flush, commit fold): 1 (one entry per loop iteration)

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import mamba2_decode_plan, mamba2_replay_unroll
+from ..configs import mamba2_decode_plan, mamba2_replay_unroll, mamba2_ring_bc
 from .common import (
     MIN_FLUSH_ROWS,
     mamba2_dt,
@@ -55,15 +55,43 @@ def _chunk_loads(p_s, p_x, p_rx, o_m, o_n, phys_j, m_j, mask_n, P: tl.constexpr,
 
 
 @triton.jit
+def _mamba2_ring_bc_kernel(
+    C, ring_B, slot_idx, row_wp, row_flush, origin, ring_bc,
+    stride_C_tok, stride_rB_slot,
+    G: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
+):
+    """`ring_bc[row, g, j] = B_j . C` for the pending ring entries `j < wp` of a non-flush row
+    (group g): the inner products every head of the group needs, once per group."""
+    i_n, i_g = tl.program_id(0) // G, tl.program_id(0) % G
+    slot = tl.load(slot_idx + i_n).to(tl.int64)
+    if slot < 0:
+        return
+    if tl.load(row_flush + i_n) != 0:
+        return
+    wp = tl.load(row_wp + i_n)
+    org = tl.load(origin + slot)
+    o_j = tl.arange(0, RLB)
+    m_j = o_j < wp
+    o_n = tl.arange(0, BN)
+    mask_n = o_n < N
+    i_n64 = i_n.to(tl.int64)
+    b_C = tl.load(C + i_n64 * stride_C_tok + i_g * N + o_n, mask=mask_n, other=0).to(tl.float32)
+    b_rB = tl.load(ring_B + slot * stride_rB_slot + i_g * RL * N + ((org + o_j) % RL)[:, None] * N + o_n[None, :],
+                   mask=m_j[:, None] & mask_n[None, :], other=0).to(tl.float32)
+    tl.store(ring_bc + (i_n64 * G + i_g) * RLB + o_j, tl.sum(b_rB * b_C[None, :], 1))
+
+
+@triton.jit
 def _mamba2_decode_kernel(
     x, dt, Bm, C, z, A, D, dt_bias, o,
     state, ring_x, ring_B, ring_dt,
-    slot_idx, row_wp, row_flush, origin,
+    slot_idx, row_wp, row_flush, origin, ring_bc,
     stride_x_tok, stride_dt_tok, stride_B_tok, stride_C_tok, stride_z_tok, stride_o_tok,
     stride_state_slot, stride_rx_slot, stride_rB_slot, stride_rdt_slot,
     NH: tl.constexpr, P: tl.constexpr, G: tl.constexpr, N: tl.constexpr,
     BM: tl.constexpr, BMF: tl.constexpr, BN: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
     HAS_Z: tl.constexpr, UNROLL: tl.constexpr, MODE: tl.constexpr = 0, NC: tl.constexpr = 1,
+    RING_BC: tl.constexpr = False,
 ):
     NP = (P + BM * NC - 1) // (BM * NC)
     i_m, i_nh = tl.program_id(0) % NP, tl.program_id(0) // NP
@@ -139,9 +167,15 @@ def _mamba2_decode_kernel(
         o_m = i_m * (BM * NC) + tl.arange(0, BM)
         b_s, b_x_raw, b_rx = _chunk_loads(p_s, p_x, p_rx, o_m, o_n, phys_j, m_j, mask_n, P, N)
         b_rdt = tl.load(p_rdt + phys_j, mask=m_j, other=0)
-        b_rB = tl.load(
-            p_rB + phys_j[:, None] * N + o_n[None, :], mask=m_j[:, None] & mask_n[None, :], other=0,
-        ).to(tl.float32)
+        if RING_BC:
+            # B_j . C of this row's group, from `_mamba2_ring_bc_kernel` (one program per group
+            # instead of one ring-B pass per head and P-tile).
+            b_bc = tl.load(ring_bc + (i_n64 * G + i_g) * RLB + o_j, mask=m_j, other=0)
+        else:
+            b_rB = tl.load(
+                p_rB + phys_j[:, None] * N + o_n[None, :], mask=m_j[:, None] & mask_n[None, :], other=0,
+            ).to(tl.float32)
+            b_bc = tl.sum(b_rB * b_C[None, :], 1)
         b_rdt = tl.where(m_j, mamba2_dt(b_rdt, b_bias), 0.0)
         b_ra = b_rdt * b_A
         b_a = b_dt * b_A
@@ -150,7 +184,7 @@ def _mamba2_decode_kernel(
         b_suffix = tl.cumsum(b_ra, 0, reverse=True) - b_ra + b_a
         b_w = tl.where(m_j, b_rdt * tl.exp(b_suffix), 0.0)
         b_dec = tl.exp(tl.sum(b_ra, 0) + b_a)
-        b_wbc = b_w * tl.sum(b_rB * b_C[None, :], 1)
+        b_wbc = b_w * b_bc
         b_cur = b_dt * tl.sum(b_B * b_C, 0)
         phys = (org + wp) % RL
         for c in tl.static_range(NC):
@@ -259,9 +293,17 @@ def mamba2_replay_decode(
     stride_o = _tok_stride(out, (Bsz, NH, P), "out")
     if Bsz == 0:
         return out
+    RLB = triton.next_power_of_2(rings.ring_len)
+    ring_bc = None
+    if mamba2_ring_bc(Bsz):
+        ring_bc = torch.empty(Bsz * G * RLB, dtype=torch.float32, device=x.device)
+        _mamba2_ring_bc_kernel[(Bsz * G,)](
+            C, rings.B, slot_idx, row_wp, row_flush, origin, ring_bc, strides[3], rings.B.stride(0),
+            G=G, N=N, BN=triton.next_power_of_2(N), RL=rings.ring_len, RLB=RLB, num_warps=4,
+        )
     for mode, tile in decode_launches(P, N, Bsz):
         _launch(mode, tile, x, dt, B, C, z, A, D, dt_bias, out, state, rings, slot_idx, row_wp, row_flush, origin,
-                strides, stride_o)
+                strides, stride_o, ring_bc)
     return out
 
 
@@ -281,7 +323,7 @@ def decode_launches(P: int, N: int, rows: int) -> list:
 
 
 def _launch(mode, tile, x, dt, B, C, z, A, D, dt_bias, out, state, rings, slot_idx, row_wp, row_flush, origin,
-            strides, stride_o):
+            strides, stride_o, ring_bc=None):
     Bsz, NH, P = x.shape
     G, N = B.shape[1], B.shape[2]
     RL = rings.ring_len
@@ -289,10 +331,10 @@ def _launch(mode, tile, x, dt, B, C, z, A, D, dt_bias, out, state, rings, slot_i
     _mamba2_decode_kernel[grid](
         x, dt, B, C, z if z is not None else x, A, D, dt_bias, out,
         state, rings.x, rings.B, rings.dt,
-        slot_idx, row_wp, row_flush, origin,
+        slot_idx, row_wp, row_flush, origin, ring_bc if ring_bc is not None else state,
         *strides, stride_o,
         state.stride(0), rings.x.stride(0), rings.B.stride(0), rings.dt.stride(0),
         NH=NH, P=P, G=G, N=N, BM=tile.BM, BMF=tile.BMF, BN=tile.BN, RL=RL, RLB=triton.next_power_of_2(RL),
-        HAS_Z=z is not None, UNROLL=mamba2_replay_unroll(), MODE=mode, NC=tile.NC,
+        HAS_Z=z is not None, UNROLL=mamba2_replay_unroll(), MODE=mode, NC=tile.NC, RING_BC=ring_bc is not None,
         **tile.launch,
     )
