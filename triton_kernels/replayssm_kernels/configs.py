@@ -55,7 +55,7 @@ def describe() -> str:
         f"mamba2_ring_bc_min_batch={_OVERRIDES.get('mamba2_ring_bc_min_batch', (_MAMBA2_RING_BC_MIN_BATCH,))[0]} "
         "(decode: the ring's B . C in a launch of its own from this many rows; 0 = never)",
         "mamba2_decode=" + "x".join(map(str, m2_plan))
-        + (" (one launch, the tile table's decode tile)" if m2_plan[0] == 0
+        + (" (one launch; its tile: mamba2_decode_tile below)" if m2_plan[0] == 0
            else " (flush rows in their own launch: split x BM x warps x stages)"),
         *(f"mamba2_{k}_tile=" + ",".join(
             f"P{P}@{rows}:" + ("x".join(map(str, mamba2_tile(k, P, 128, rows) or ())) or "table")
