@@ -439,7 +439,18 @@ def _direct_setup(device, gen, dtype=bf16, NH=4, P=16, G=2, N=16, L=4, S=6, Lm=1
     return state, rings
 
 
-def test_mamba2_padding_rows_write_nothing():
+@pytest.mark.parametrize("tile", [None, (16, 8, 2)], ids=["table", "chunked"])
+def test_mamba2_padding_rows_write_nothing(tile):
+    """Padding rows (slot < 0) write nothing in the decode, the verify and the fold, with the table
+    tile and with the chunked tile that the default takes from 8 rows."""
+    from replayssm_kernels.configs import override
+
+    with override("mamba2_decode_tile", tile) if tile else contextlib.nullcontext(), \
+            override("mamba2_verify_tile", tile) if tile else contextlib.nullcontext():
+        _padding_rows_write_nothing()
+
+
+def _padding_rows_write_nothing():
     device = DEVICE
     gen = torch.Generator().manual_seed(3)
     B, NH, P, G, N, L, S = 3, 4, 16, 2, 16, 6, 6
