@@ -74,9 +74,11 @@ step_m2_profile() {
 
 step_gdn_sweep() {
   # GDN kernels: every launch plan plus the exact replay unrolled (configs.GDN_UNROLL_SWEEP) for
-  # the decode flush and the commit fold, at batch 256 and 1, each checked bit-exact on the GPU first.
+  # the decode flush and the commit fold, and the verify plans at small batches (spec at concurrency 1
+  # is slower than stock: 0.61x kernel time at batch 1 in run 5), at batches 256, 32, 8, 1, each
+  # checked on the GPU first.
   run env OUT="$OUT/gdn_sweep" BENCH_TIMEOUT=$(( $(left) - 15 )) \
-    BENCH_ARGS="--family gdn --sweep --batches 256,1" bash scripts/device_kernels.sh bench
+    BENCH_ARGS="--family gdn --sweep --batches 256,32,8,1" bash scripts/device_kernels.sh bench
 }
 
 step_e2e320() {
