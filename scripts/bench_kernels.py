@@ -20,7 +20,6 @@ against a device-to-device copy measured in the same run.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import statistics
@@ -428,7 +427,7 @@ def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES, sweep=False):
     from sglang.kernels.ops.mamba.triton_ops.mamba_ssm import selective_state_update
 
     from replayssm_kernels import commit_prepare, decode_prepare
-    from replayssm_kernels.configs import MAMBA2_TILE_SWEEP, MAMBA2_UNROLL_SWEEP, override, ring_min_batch
+    from replayssm_kernels.configs import MAMBA2_TILE_SWEEP, MAMBA2_UNROLL_SWEEP, override, overrides, ring_min_batch
     from replayssm_kernels.mamba2 import (
         alloc_mamba2_rings,
         mamba2_replay_decode,
@@ -554,17 +553,6 @@ def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES, sweep=False):
             print(json.dumps(row), flush=True)
 
 
-@contextlib.contextmanager
-def overrides(plan):
-    """Every `(name, value)` launch-plan override of `plan` at once (`configs.override` each)."""
-    from replayssm_kernels.configs import override
-
-    with contextlib.ExitStack() as stack:
-        for what, cfg in plan:
-            stack.enter_context(override(what, cfg))
-        yield
-
-
 def m2_decode_plans():
     """(key, [(override name, plan), ...]) of the Mamba-2 decode plans the sweep times besides the
     default: the split plans, the exact replay's other unroll depths (`u<n>`), the ring's B . C in a
@@ -588,7 +576,7 @@ def m2_correctness_check(sweep=False):
     """Quick on-GPU check before timing, at both Mamba-2 head shapes (Nemotron-3-Super P=64,
     Nemotron-Nano P=80): bit-exact committed state after every decode step and commit, outputs
     within the baseline's error, for every decode plan and verify tile that will be timed."""
-    from replayssm_kernels.configs import MAMBA2_TILE_SWEEP, MAMBA2_UNROLL_SWEEP, override
+    from replayssm_kernels.configs import MAMBA2_TILE_SWEEP, MAMBA2_UNROLL_SWEEP, override, overrides
 
     t = _load_test_module("test_mamba2_kernels.py")
     for P in (64, 80):

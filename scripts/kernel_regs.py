@@ -150,8 +150,7 @@ def mamba2_rows(NH=128, P=64, G=8, N=128, L=16, T=4):
     plans.append(("split non-flush", 2, default))
     chunked = [common.chunked_tile(bm, nc, default.BMF, w, default.num_stages, P, N) for bm, nc, w in MAMBA2_TILE_SWEEP]
     plans += [("chunked", 0, t) for t in chunked]
-    plans = [(w, m, t, mamba2_replay_unroll()) for w, m, t in plans]
-    plans = [(w, m, t, u, False) for w, m, t, u in plans]
+    plans = [(w, m, t, mamba2_replay_unroll(), False) for w, m, t in plans]
     plans += [(f"one launch, replay unroll {u}", 0, default, u, False) for u in MAMBA2_UNROLL_SWEEP]
     plans += [("ring B . C launched apart", 0, default, mamba2_replay_unroll(), True)]
     plans += [("ring B . C launched apart", 0, t, mamba2_replay_unroll(), True) for t in chunked if t.num_warps == 2]

@@ -21,7 +21,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_kernels import M2_SHAPES, fill_rings_randn, overrides, phase_timer  # noqa: E402
+from bench_kernels import M2_SHAPES, fill_rings_randn, phase_timer  # noqa: E402
 from read_ceiling import read_ceiling  # noqa: E402
 
 # (key, overrides): the default plan and the candidates for the Super-shape decode
@@ -70,7 +70,7 @@ def main(argv=None):
 
     from sglang.kernels.ops.mamba.triton_ops.mamba_ssm import selective_state_update
 
-    from replayssm_kernels.configs import override
+    from replayssm_kernels.configs import override, overrides
     from replayssm_kernels.mamba2 import alloc_mamba2_rings, mamba2_replay_decode
     from replayssm_kernels.mamba2 import decode as dec_mod
 
@@ -110,16 +110,18 @@ def main(argv=None):
     if args.ceiling:
         read_ceiling(state, slots, t)
     plans = dict(PLANS)
-    for key in args.plans.split(","):
+    keys = args.plans.split(",")
+    unrolls = [int(v) for v in args.unrolls.split(",")]
+    fills = [int(v) for v in args.fills.split(",")]
+    for key in keys:
         with overrides(plans[key]):
-            for u in (int(v) for v in args.unrolls.split(",")):
+            for u in unrolls:
                 with override("mamba2_replay_unroll", (u,)):
                     name = f"{key}_u{u}"
                     if f"{key}_nonflush" not in res:  # the non-flush code does not replay: once per plan
-                        for wp in args.fills.split(","):
-                            t(f"{key}_nonflush_wp{wp}", phase(int(wp), False))
-                        res[f"{key}_nonflush"] = round(
-                            sum(res[f"{key}_nonflush_wp{wp}"] for wp in args.fills.split(",")) / len(args.fills.split(",")), 1)
+                        for wp in fills:
+                            t(f"{key}_nonflush_wp{wp}", phase(wp, False))
+                        res[f"{key}_nonflush"] = round(sum(res[f"{key}_nonflush_wp{wp}"] for wp in fills) / len(fills), 1)
                         if key[0].isdigit():
                             for mode in (1, 2):
                                 with only_mode(dec_mod, mode):
@@ -141,8 +143,8 @@ def main(argv=None):
             json.dump({"info": info, "times_us": res, "regs_spills_warps": regs}, f, indent=1)
     print(json.dumps({"times_us": res, "regs_spills_warps": regs}))
     print(f"\n{'plan':14s} {'unroll':>6s} {'non-flush':>10s} {'flush':>8s} {'cycle':>8s} {'vs SSU':>7s}")
-    for key in args.plans.split(","):
-        for u in (int(v) for v in args.unrolls.split(",")):
+    for key in keys:
+        for u in unrolls:
             c = res[f"{key}_u{u}_cycle"]
             print(f"{key:14s} {u:6d} {res[key + '_nonflush']:10.1f} {res[f'{key}_u{u}_flush']:8.1f} {c:8.1f} "
                   f"{res['ssu'] / c:6.2f}x")

@@ -290,23 +290,20 @@ def test_mamba2_replay_unroll_depths_are_exact(unroll):
     assert mamba2_replay_unroll() == 4
 
 
-@pytest.mark.parametrize("overrides,case", [
+@pytest.mark.parametrize("plan,case", [
     pytest.param((), (2, 2, 20, 2, 16, 16, bf16, True, False, 36), id="table-G2-L16-z"),
     pytest.param((("mamba2_decode_tile", (16, 8, 2)),), (3, 2, 80, 1, 128, 4, bf16, False, False, 14),
                  id="t16x8x2-P80"),
     pytest.param((("mamba2_decode", (1, 32, 4, 2)),), (2, 4, 16, 2, 128, 4, bf16, True, False, 9), id="split-G2"),
 ])
-def test_mamba2_decode_ring_bc_launch(overrides, case):
+def test_mamba2_decode_ring_bc_launch(plan, case):
     """The ring's B . C in a launch of its own (`configs.mamba2_ring_bc`, per row and group): state and
     flush outputs bit-exact, the other outputs within the baseline's error, with one and several
     groups and with the split plan's non-flush launch."""
-    from replayssm_kernels.configs import mamba2_ring_bc, override
+    from replayssm_kernels.configs import mamba2_ring_bc, overrides
 
     assert not mamba2_ring_bc(1 << 20)
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(override("mamba2_ring_bc_min_batch", (1,)))
-        for name, cfg in overrides:
-            stack.enter_context(override(name, cfg))
+    with overrides([("mamba2_ring_bc_min_batch", (1,)), *plan]):
         assert mamba2_ring_bc(1)
         test_mamba2_decode(*case)
 
@@ -443,10 +440,9 @@ def _direct_setup(device, gen, dtype=bf16, NH=4, P=16, G=2, N=16, L=4, S=6, Lm=1
 def test_mamba2_padding_rows_write_nothing(tile):
     """Padding rows (slot < 0) write nothing in the decode, the verify and the fold, with the table
     tile and with the chunked tile that the default takes from 8 rows."""
-    from replayssm_kernels.configs import override
+    from replayssm_kernels.configs import overrides
 
-    with override("mamba2_decode_tile", tile) if tile else contextlib.nullcontext(), \
-            override("mamba2_verify_tile", tile) if tile else contextlib.nullcontext():
+    with overrides([("mamba2_decode_tile", tile), ("mamba2_verify_tile", tile)] if tile else []):
         _padding_rows_write_nothing()
 
 

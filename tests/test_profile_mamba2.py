@@ -28,13 +28,16 @@ def test_profile_mamba2_phases_runs_every_plan(monkeypatch, tmp_path, capsys):
     seen_modes = []
     from replayssm_kernels.mamba2 import decode as dec_mod
 
-    orig = dec_mod._launch
+    kernel = dec_mod._mamba2_decode_kernel
 
-    def spy(mode, *a, **k):
-        seen_modes.append(mode)
-        return orig(mode, *a, **k)
+    class Spy:  # records the MODE of every decode launch (`kernel[grid](..., MODE=m)`)
+        def __getitem__(self, grid):
+            def launch(*a, **k):
+                seen_modes.append(k["MODE"])
+                return kernel[grid](*a, **k)
+            return launch
 
-    monkeypatch.setattr(dec_mod, "_launch", spy)
+    monkeypatch.setattr(dec_mod, "_mamba2_decode_kernel", Spy())
     out = tmp_path / "p.json"
     prof.main(["--device", "cpu", "--heads", "2", "--batch", "2", "--ring-len", "4", "--reps", "1",
                "--plans", "default,t16x4x1,1x32x8x2", "--fills", "0,2", "--unrolls", "4,16", "--ceiling", "--json", str(out)])

@@ -52,7 +52,7 @@ def describe() -> str:
         "a GDN server without speculative decoding that cannot run this many requests allocates no rings)",
         f"mamba2_ring_min_batch={ring_min_batch('mamba2')} (below: exact recurrence every step)",
         f"mamba2_replay_unroll={mamba2_replay_unroll()} (ring entries per straight-line chunk of the exact replay)",
-        f"mamba2_ring_bc_min_batch={_OVERRIDES.get('mamba2_ring_bc_min_batch', (_MAMBA2_RING_BC_MIN_BATCH,))[0]} "
+        f"mamba2_ring_bc_min_batch={mamba2_ring_bc_min_batch()} "
         "(decode: the ring's B . C in a launch of its own from this many rows; 0 = never)",
         "mamba2_decode=" + "x".join(map(str, m2_plan))
         + (" (one launch; its tile: mamba2_decode_tile below)" if m2_plan[0] == 0
@@ -138,6 +138,15 @@ def override(name: str, cfg: tuple):
             _OVERRIDES.pop(name, None)
         else:
             _OVERRIDES[name] = old
+
+
+@contextlib.contextmanager
+def overrides(items):
+    """Every `(name, cfg)` of `items` at once (`override` each); an empty `items` changes nothing."""
+    with contextlib.ExitStack() as stack:
+        for name, cfg in items:
+            stack.enter_context(override(name, cfg))
+        yield
 
 
 # Below this many decode rows the ring is not used. GDN: the backend runs SGLang's own decode
@@ -242,8 +251,14 @@ def mamba2_replay_unroll() -> int:
 _MAMBA2_RING_BC_MIN_BATCH = 0
 
 
+def mamba2_ring_bc_min_batch() -> int:
+    if "mamba2_ring_bc_min_batch" in _OVERRIDES:
+        return _OVERRIDES["mamba2_ring_bc_min_batch"][0]
+    return _MAMBA2_RING_BC_MIN_BATCH
+
+
 def mamba2_ring_bc(rows: int) -> bool:
-    n = _OVERRIDES["mamba2_ring_bc_min_batch"][0] if "mamba2_ring_bc_min_batch" in _OVERRIDES else _MAMBA2_RING_BC_MIN_BATCH
+    n = mamba2_ring_bc_min_batch()
     return n > 0 and rows >= n
 
 

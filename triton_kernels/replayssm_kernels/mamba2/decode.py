@@ -302,8 +302,16 @@ def mamba2_replay_decode(
             G=G, N=N, BN=triton.next_power_of_2(N), RL=rings.ring_len, RLB=RLB, num_warps=4,
         )
     for mode, tile in decode_launches(P, N, Bsz):
-        _launch(mode, tile, x, dt, B, C, z, A, D, dt_bias, out, state, rings, slot_idx, row_wp, row_flush, origin,
-                strides, stride_o, ring_bc)
+        _mamba2_decode_kernel[(Bsz * NH * triton.cdiv(P, tile.rows),)](
+            x, dt, B, C, z if z is not None else x, A, D, dt_bias, out,
+            state, rings.x, rings.B, rings.dt,
+            slot_idx, row_wp, row_flush, origin, ring_bc if ring_bc is not None else state,
+            *strides, stride_o,
+            state.stride(0), rings.x.stride(0), rings.B.stride(0), rings.dt.stride(0),
+            NH=NH, P=P, G=G, N=N, BM=tile.BM, BMF=tile.BMF, BN=tile.BN, RL=rings.ring_len, RLB=RLB,
+            HAS_Z=z is not None, UNROLL=mamba2_replay_unroll(), MODE=mode, NC=tile.NC, RING_BC=ring_bc is not None,
+            **tile.launch,
+        )
     return out
 
 
@@ -321,20 +329,3 @@ def decode_launches(P: int, N: int, rows: int) -> list:
             "REPLAYSSM_CONFIG or unset it")
     return [(1, make_tile(f_bm, f_bm, f_warps, f_stages, P, N)), (2, cfg)]
 
-
-def _launch(mode, tile, x, dt, B, C, z, A, D, dt_bias, out, state, rings, slot_idx, row_wp, row_flush, origin,
-            strides, stride_o, ring_bc=None):
-    Bsz, NH, P = x.shape
-    G, N = B.shape[1], B.shape[2]
-    RL = rings.ring_len
-    grid = (Bsz * NH * triton.cdiv(P, tile.rows),)
-    _mamba2_decode_kernel[grid](
-        x, dt, B, C, z if z is not None else x, A, D, dt_bias, out,
-        state, rings.x, rings.B, rings.dt,
-        slot_idx, row_wp, row_flush, origin, ring_bc if ring_bc is not None else state,
-        *strides, stride_o,
-        state.stride(0), rings.x.stride(0), rings.B.stride(0), rings.dt.stride(0),
-        NH=NH, P=P, G=G, N=N, BM=tile.BM, BMF=tile.BMF, BN=tile.BN, RL=RL, RLB=triton.next_power_of_2(RL),
-        HAS_Z=z is not None, UNROLL=mamba2_replay_unroll(), MODE=mode, NC=tile.NC, RING_BC=ring_bc is not None,
-        **tile.launch,
-    )
