@@ -15,11 +15,12 @@ prof = load_script("profile_mamba2_phases")
 
 
 def test_profile_mamba2_phases_runs_every_plan(monkeypatch, tmp_path, capsys):
-    calls = []
+    calls = []  # per timed call: the decode MODEs it launched
 
     def fake_time(fn, units, reps=30, warmup=2):
+        before = len(seen_modes)
         fn()
-        calls.append(1)
+        calls.append(set(seen_modes[before:]))
         return float(len(calls))
 
     monkeypatch.setattr(sys.modules["bench_kernels"], "time_graph", fake_time)
@@ -46,6 +47,8 @@ def test_profile_mamba2_phases_runs_every_plan(monkeypatch, tmp_path, capsys):
                 "default_nonflush_wp0", "default_nonflush_wp2", "t16x4x1_u16_cycle", "1x32x8x2_nonflush_launch1", "1x32x8x2_nonflush_launch2", "1x32x8x2_u16_flush", "read_ceiling_R128_w8_slot"):
         assert key in res, key
     assert {0, 1, 2} <= set(seen_modes)
+    # the split plan's launches are timed one at a time as well as together
+    assert {1} in calls and {2} in calls and {1, 2} in calls
     # cycle = ((L - 1) * non-flush + flush) / L
     assert res["default_u4_cycle"] == pytest.approx((3 * res["default_nonflush"] + res["default_u4_flush"]) / 4, abs=0.06)
     assert "vs SSU" in capsys.readouterr().out
