@@ -55,6 +55,11 @@ def divisibility_attrs(kernel, signature: dict) -> dict:
 
 
 def signature(kernel, pointers: dict, constexprs: dict) -> dict:
+    """Argument types of one variant; a constexpr left out of `constexprs` takes its default
+    (added to `constexprs`), as a launch that does not pass it would."""
+    for p in kernel.params:
+        if p.is_constexpr and p.has_default and p.name not in constexprs:
+            constexprs[p.name] = p.default
     sig = {}
     for name in kernel.arg_names:
         if name in constexprs:
@@ -121,6 +126,16 @@ def gdn_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
                      UNROLL=unroll)
             rows.append((f"fold bv32 w1 cols{bvf} unroll {unroll}",
                          *ptxas_report(fold._gdn_fold_kernel, signature(fold._gdn_fold_kernel, ptrs, c), c, 1)))
+    # The tree form (gdn/common.py): keys from the fp32 `k` ring.
+    ptrs_tree = dict(ptrs, ring_rawk="*fp32")
+    for bvf in (32, 16, 8):
+        c = dict(H=H, HV=HV, K=K, V=V, BK=head["BK"], BV=32, BVF=bvf, RL=L, HAS_DST=False, HAS_SNAP=True,
+                 UNROLL=gdn_replay_unroll(), TREE=True)
+        rows.append((f"fold tree bv32 w1 cols{bvf}",
+                     *ptxas_report(fold._gdn_fold_kernel, signature(fold._gdn_fold_kernel, ptrs_tree, c), c, 1)))
+        c = dict(head, BV=32, BVF=bvf, USE_DOT=False, EVICT=True, PHASE=2, UNROLL=gdn_replay_unroll(), TREE=True)
+        rows.append((f"decode flush tree bv32 w1 flushcols{bvf}", *ptxas_report(
+            decode._gdn_decode_kernel, signature(decode._gdn_decode_kernel, ptrs, c), c, 1)))
     return rows
 
 

@@ -30,7 +30,13 @@ def main():
     p.add_argument("--ring-len", type=int, default=16)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--ceiling", action="store_true", help="also time plain streaming reads of the state")
+    p.add_argument("--decode-configs", default=None,
+                   help="comma-separated GDN decode plans, each 7 x-separated numbers as in REPLAYSSM_CONFIG's "
+                        "gdn_decode (default: bench_kernels.DECODE_CONFIGS)")
+    p.add_argument("--no-verify", action="store_true", help="skip the verify launches")
     args = p.parse_args()
+    decode_configs = (tuple(tuple(int(x) for x in c.split("x")) for c in args.decode_configs.split(","))
+                      if args.decode_configs else DECODE_CONFIGS)
 
     from sglang.kernels.ops.attention.fla.fused_recurrent import fused_recurrent_gated_delta_rule_packed_decode
     from sglang.kernels.ops.attention.fla.fused_sigmoid_gating_recurrent import (
@@ -73,7 +79,7 @@ def main():
         initial_state_indices=slots, use_qk_l2norm_in_kernel=True))
     del st2
     o2 = torch.empty(B, HV, V, device=dev, dtype=act)
-    for cfg in DECODE_CONFIGS:
+    for cfg in decode_configs:
         name = "x".join(map(str, cfg))
         with override("gdn_decode", cfg):
             for wp in (0, 8, 15):
@@ -97,8 +103,10 @@ def main():
     as_ = torch.randn(B, T, HV, device=dev, dtype=act)
     bs_ = torch.randn(B, T, HV, device=dev, dtype=act)
     ov = torch.empty(B, T, HV, V, device=dev, dtype=act)
-    for cfg in ((32, 1, 2, 0), (32, 2, 2, 0), (32, 1, 2, 1), (32, 1, 2, 2), (32, 2, 2, 2), (32, 4, 2, 2),
-                (64, 2, 2, 2), (64, 4, 2, 2), (128, 4, 2, 2), (128, 8, 2, 2)):
+    verify_cfgs = () if args.no_verify else (
+        (32, 1, 2, 0), (32, 2, 2, 0), (32, 1, 2, 1), (32, 1, 2, 2), (32, 2, 2, 2), (32, 4, 2, 2),
+        (64, 2, 2, 2), (64, 4, 2, 2), (128, 4, 2, 2), (128, 8, 2, 2))
+    for cfg in verify_cfgs:
         with override("gdn_verify", cfg):
             t("ours_verify_T4_wp8_" + "x".join(map(str, cfg)), lambda: gdn_replay_verify(
                 qs, ks, vs, as_, bs_, A_log, dt_bias, state, rings, slots, wpos, origin, out=ov))

@@ -60,7 +60,7 @@ def plan_rings(configurator, total_rest_memory: float) -> tuple[bool, int]:
     """Whether this server needs rings at all, and the running-request cap with them.
 
     A GDN server without speculative decoding uses its rings only for decode batches of at least
-    `configs.ring_min_batch("gdn")` rows (256 by default: below that SGLang's packed decode was
+    `configs.ring_min_batch("gdn")` rows (64 by default: below that SGLang's packed decode is
     faster on the H200). If the scheduler could never run that many requests (the cap SGLang
     derives from the slots, `slots // mamba ratio`, or --max-running-requests), the rings would
     only take memory, so none are allocated: the pool is the size stock SGLang gives it and every

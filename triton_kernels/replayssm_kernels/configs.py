@@ -19,7 +19,8 @@ _OVERRIDES: dict[str, tuple[int, int, int]] = {}
 _OVERRIDE_ARITY = {"gdn_decode": (7,), "gdn_verify": (3, 4), "gdn_fold_cols": (1,), "gdn_ring_min_batch": (1,),
                    "mamba2_ring_min_batch": (1,), "mamba2_decode": (4,),
                    "mamba2_decode_tile": (3,), "mamba2_verify_tile": (3,), "mamba2_chunk_min_batch": (1,),
-                   "mamba2_replay_unroll": (1,), "gdn_replay_unroll": (1,), "mamba2_ring_bc_min_batch": (1,)}
+                   "mamba2_replay_unroll": (1,), "gdn_replay_unroll": (1,), "mamba2_ring_bc_min_batch": (1,),
+                   "gdn_k_tree": (1,)}
 
 
 def _env_overrides() -> None:
@@ -48,6 +49,8 @@ def describe() -> str:
         "gdn_verify=" + "x".join(map(str, gdn_verify_config(128, 128, 4))),
         f"gdn_fold_cols={gdn_fold_cols()}",
         f"gdn_replay_unroll={gdn_replay_unroll()} (ring entries per straight-line chunk of the exact replay)",
+        f"gdn_k_tree={int(gdn_k_tree(128))} (K = 128: exact replay with the K sums written as the baseline's lane "
+        "tree, gdn/common.py; 0 = the baseline's own expressions)",
         f"gdn_ring_min_batch={ring_min_batch('gdn')} (below: SGLang's packed decode on folded checkpoints; "
         "a GDN server without speculative decoding that cannot run this many requests allocates no rings)",
         f"mamba2_ring_min_batch={ring_min_batch('mamba2')} (below: exact recurrence every step)",
@@ -88,7 +91,9 @@ class GDNDecodeConfig:
         the non-flush launch gets its own tile (`block_v` columns of V, `num_warps`) and register
         budget; 2 = flush launch, then the non-flush rows through `gdn/verify_split.py`'s two
         kernels with T = 1 (ring products once per key head, then a light state pass). The flush
-        launch always uses the baseline's tile (32 columns, one warp).
+        launch always uses the baseline's tile (32 columns, one warp). 3 = as 2 without the flush
+        launch: the state pass runs the flush rows on the exact path itself (`block_v` columns,
+        `flush_cols` at a time; one warp unless the tree form is on).
     flush_cols: V columns replayed at a time by the exact (flush) path (divides 32).
     use_dot: non-flush products on tensor cores (tf32x3) instead of warp reductions.
     evict_first: stream the checkpoint through L2 on non-flush rows.
@@ -108,12 +113,15 @@ class GDNDecodeConfig:
                                                self.flush_cols, self.use_dot, self.evict_first))
 
 
-# Default (H200, 2026-11-30, docs/perf.md run 5, staggered rings): flush rows on the exact branch
-# with the whole 32-column tile (the 8-column sub-tiles were slower on the GPU: 1247 vs 920 us
-# for a flush step at batch 256, run 3 profile), non-flush rows through the two-launch verify pair at 16
-# columns, one warp: 259 us at batch 256 (HV=32) vs 296 us fused and 271 us for SGLang's packed
-# decode. Every plan here is checked bit-exact on the GPU by the benchmark before it is timed.
-_GDN_DECODE_DEFAULT = GDNDecodeConfig(split=2, block_v=16, num_warps=1, num_stages=3, flush_cols=32,
+# Default (H200, 2026-12-01, docs/perf.md run 8, staggered rings): plan 3, i.e. the non-flush rows
+# through the two-launch verify pair at 16 columns, one warp, and the flush rows on the exact path
+# inside that pair's state launch, 8 columns at a time. The separate flush launch of plan 2 cost
+# ~25 us per step even when no row flushed (32768 idle programs at batch 256), and 8-column
+# flush sub-tiles beat the 32-column tile by ~230 us per flush step at a full ring (run 3's
+# opposite result predates the current flush code). Batch 256, HV=32: 216.9 us vs 266.3 us for
+# plan 2 and 299.1 us for SGLang's packed decode (1.38x), same run. Every plan here is checked
+# bit-exact on the GPU by the benchmark before it is timed.
+_GDN_DECODE_DEFAULT = GDNDecodeConfig(split=3, block_v=16, num_warps=1, num_stages=3, flush_cols=8,
                                       use_dot=False, evict_first=True)
 
 
@@ -151,12 +159,12 @@ def overrides(items):
 
 # Below this many decode rows the ring is not used. GDN: the backend runs SGLang's own decode
 # kernel (fused_recurrent_gated_delta_rule_packed_decode, through the parent backend) after
-# folding every pending entry, because every ring plan and our exact path were slower than it
-# there (H200, 2026-11-30, docs/perf.md run 5: staggered ring decode 0.68x at batch 8, 0.97x at
-# 128 (HV=32), 1.05x at 256; exact path 0.85x at batch 1). Mamba-2: the exact recurrence every
-# step (the ring decode was faster than SGLang's SSU from batch 1). Switching is seamless: the
-# fold before a stock step, or a forced flush, brings every checkpoint up to date.
-_RING_MIN_BATCH = {"gdn": 256, "mamba2": 1}
+# folding every pending entry, because the ring decode is slower than it there (H200,
+# 2026-12-01, docs/perf.md run 8, default plan, staggered rings: 0.83x at batch 32 and 1.13x at
+# 64 for HV=32; 1.09x / 1.28x for HV=64; 0.55-0.77x at batch 8 and below). Mamba-2: the exact
+# recurrence every step (the ring decode was faster than SGLang's SSU from batch 1). Switching is
+# seamless: the fold before a stock step, or a forced flush, brings every checkpoint up to date.
+_RING_MIN_BATCH = {"gdn": 64, "mamba2": 1}
 
 
 # The split plans that `bench_kernels.py --sweep` times and `kernel_regs.py` screens (docs/perf.md
@@ -272,6 +280,20 @@ def gdn_replay_unroll() -> int:
     if "gdn_replay_unroll" in _OVERRIDES:
         return _OVERRIDES["gdn_replay_unroll"][0]
     return _GDN_REPLAY_UNROLL
+
+
+# The tree form of the GDN exact replay (gdn/common.py): off until the H200 tests show it
+# bit-identical to SGLang's kernel. Never under the interpreter unless asked for (numpy sums there).
+_GDN_K_TREE = False
+
+
+def gdn_k_tree(K: int) -> bool:
+    """Whether the GDN exact replay (decode flush, fold) at this K runs in the tree form."""
+    if K != 128:
+        return False
+    if "gdn_k_tree" in _OVERRIDES:
+        return bool(_OVERRIDES["gdn_k_tree"][0])
+    return _GDN_K_TREE and os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
 def ring_min_batch(family: str) -> int:

@@ -10,6 +10,21 @@ operation order of SGLang 0.5.17's `fused_sigmoid_gating_delta_rule_update_kerne
 
 on a `[BK, BV]` state tile with K along axis 0. Do not "simplify" these expressions (reciprocal
 multiplies, tl.dot, reordering): the committed state must stay bit-identical to that kernel.
+
+The K-tree form (`TREE`, K = 128, GPU; `configs.gdn_k_tree`). On the H200 that kernel's one-warp
+tile gives each thread 4 consecutive K (`4g .. 4g+3`, lane g) of every column. A sum over K is then
+the thread's chain over its 4 products, `fma(x3, y3, fma(x2, y2, fma(x0, y0, x1*y1)))` (what the
+compiler makes of it), followed by a butterfly across lanes pairing g with g^16, g^8, g^4, g^2,
+g^1: 160 shuffles per token for the 32 columns, the replay's bottleneck. The tree form writes
+that same association out with explicit `fma`s and pairwise adds, on a tile held as
+`[BVF, 4 (lo), 8 (hi), 4 (e)]` with `k = 16*hi + 4*lo + e` (so `g = 4*hi + lo`): the chain and
+the first three pairings stay inside a thread, the last two cost 2 shuffles per column. The bits
+no longer depend on the layout the compiler picks, only on the written order, which is the
+baseline's. Keys are normalised the same way (`gdn_l2norm_rows`) by every kernel that writes the
+fp32 `k` ring, so the tree-form replay reads normalised keys from that ring instead of normalising
+raw keys again. The GPU tests check every step against SGLang's kernel. Under the interpreter the
+baseline's own sums are numpy's, so there the plain form (SGLang's expressions) is the one that
+matches, and the tree form is checked against a numpy model of the GPU order instead.
 """
 
 import triton
@@ -62,21 +77,131 @@ def gdn_exact_step(b_h, b_k, b_v, b_g, b_beta):
 
 
 @triton.jit
-def _gdn_replay_entry(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, phys, K: tl.constexpr, V: tl.constexpr):
-    b_rk = tl.load(p_rk + phys * K + o_k, mask=mask_k, other=0).to(tl.float32)
+def gdn_k_offsets(BK: tl.constexpr, TREE: tl.constexpr):
+    """Offsets along K of a state tile: `[BK]`, or for the tree form `[4 (lo), 8 (hi), 4 (e)]` =
+    `16*hi + 4*lo + e`. Keys and queries are loaded as `[BK]` either way (see `gdn_l2norm_k`)."""
+    if TREE:
+        o_lo = tl.arange(0, 4)
+        o_hi = tl.arange(0, 8)
+        o_e = tl.arange(0, 4)
+        return o_lo[:, None, None] * 4 + o_hi[None, :, None] * 16 + o_e[None, None, :]
+    else:
+        return tl.arange(0, BK)
+
+
+@triton.jit
+def gdn_state_offsets(o_k, o_v, mask_k, mask_v, K: tl.constexpr, TREE: tl.constexpr):
+    """(offsets, mask) of a `[V, K]` state block's tile: `[BK, BVF]`, or `[BVF, 4, 8, 4]` (tree)."""
+    if TREE:
+        return o_v[:, None, None, None] * K + o_k[None, :, :, :], mask_v[:, None, None, None] & mask_k[None, :, :, :]
+    else:
+        return o_v[None, :] * K + o_k[:, None], mask_k[:, None] & mask_v[None, :]
+
+
+@triton.jit
+def _chain4(x0, x1, x2, x3, y0, y1, y2, y3):
+    """One thread's sum of its 4 products, as the baseline compiles it."""
+    return tl.fma(x3, y3, tl.fma(x2, y2, tl.fma(x0, y0, x1 * y1)))
+
+
+@triton.jit
+def _split_e(x):
+    """`[N, 4, 8, 4]` -> its 4 slices along the last axis (`[N, 4, 8]` each)."""
+    N: tl.constexpr = x.shape[0]
+    a, b = tl.split(tl.reshape(x, [N, 4, 8, 2, 2]))  # a: e = 0, 2; b: e = 1, 3
+    x0, x2 = tl.split(a)
+    x1, x3 = tl.split(b)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def gdn_tree_dot(h, x):
+    """Per-column sum over K of `h * x` in the baseline's order (module doc): `h` is a
+    `[N, 4 (lo), 8 (hi), 4 (e)]` tile, `x` a `[4, 8, 4]` key / query. Every step is written out
+    (each thread's 4-product chain, then pairwise adds), so the bits do not depend on the layout
+    the compiler picks. Returns `[N]`."""
+    N: tl.constexpr = h.shape[0]
+    h0, h1, h2, h3 = _split_e(h)
+    x0, x1, x2, x3 = _split_e(x[None, :, :, :])
+    s = _chain4(h0, h1, h2, h3, x0, x1, x2, x3)  # [N, lo, hi]; lane group g = 4*hi + lo
+    s = tl.sum(tl.reshape(s, [N, 4, 2, 4]), 2)  # g ^ 16
+    s = tl.sum(tl.reshape(s, [N, 4, 2, 2]), 2)  # g ^ 8
+    s = tl.sum(s, 2)                            # g ^ 4
+    s = tl.sum(tl.reshape(s, [N, 2, 2]), 1)     # g ^ 2
+    return tl.sum(s, 1)                         # g ^ 1
+
+
+@triton.jit
+def gdn_l2norm_rows(x, TREE: tl.constexpr):
+    """Row-wise `gdn_l2norm` of an fp32 `[R, BK]` block. With TREE (K = 128) the sum of squares
+    is written out in the baseline's order (as in `gdn_tree_dot`), so any kernel, whatever its
+    layout, gets the bits SGLang's kernel computes for that key."""
+    if TREE:
+        R: tl.constexpr = x.shape[0]
+        a, b = tl.split(tl.reshape(x, [R, 32, 2, 2]))  # [row, g, e // 2, e % 2]
+        x0, x2 = tl.split(a)
+        x1, x3 = tl.split(b)
+        s = _chain4(x0, x1, x2, x3, x0, x1, x2, x3)
+        s = tl.sum(tl.reshape(s, [R, 2, 16]), 1)  # g ^ 16
+        s = tl.sum(tl.reshape(s, [R, 2, 8]), 1)
+        s = tl.sum(tl.reshape(s, [R, 2, 4]), 1)
+        s = tl.sum(tl.reshape(s, [R, 2, 2]), 1)
+        s = tl.sum(s, 1)                          # g ^ 1
+        return x / (tl.sqrt(s + 1e-6))[:, None]
+    else:
+        return x / (tl.sqrt(tl.sum(x * x, 1) + 1e-6))[:, None]
+
+
+@triton.jit
+def gdn_l2norm_vec(b_x, TREE: tl.constexpr):
+    """`gdn_l2norm` of a `[BK]` vector; with TREE as `gdn_l2norm_rows` (the baseline's bits)."""
+    if TREE:
+        return tl.reshape(gdn_l2norm_rows(tl.reshape(b_x, [1, 128]), TREE), [128])
+    else:
+        return gdn_l2norm(b_x)
+
+
+@triton.jit
+def gdn_tree_vec(b_x):
+    """A `[128]` vector rearranged as `[4 (lo), 8 (hi), 4 (e)]` (`gdn_k_offsets`)."""
+    return tl.permute(tl.reshape(b_x, [8, 4, 4]), [1, 0, 2])
+
+
+@triton.jit
+def gdn_tree_step(b_h, b_kn, b_v, b_g, b_beta):
+    """`gdn_exact_step` on a `[BVF, 4, 8, 4]` tile with an already normalised `[4, 8, 4]` key."""
+    b_h *= tl.exp(b_g)
+    b_v -= gdn_tree_dot(b_h, b_kn)
+    b_v *= b_beta
+    b_h += b_kn[None, :, :, :] * b_v[:, None, None, None]
+    return b_h
+
+
+@triton.jit
+def _gdn_replay_entry(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, phys, K: tl.constexpr, V: tl.constexpr,
+                      TREE: tl.constexpr):
     b_rv = tl.load(p_rv + phys * V + o_v, mask=mask_v, other=0).to(tl.float32)
     b_rg = tl.load(p_rg + phys)
     b_rb = tl.load(p_rb + phys)
-    b_h, b_rk = gdn_exact_step(b_h, b_rk, b_rv, b_rg, b_rb)
+    if TREE:
+        # The fp32 `k` ring: every writer normalised it with gdn_l2norm_rows(TREE), i.e. exactly.
+        b_kn = tl.load(p_rk + phys * K + o_k)
+        b_h = gdn_tree_step(b_h, b_kn, b_rv, b_rg, b_rb)
+    else:
+        b_rk = tl.load(p_rk + phys * K + o_k, mask=mask_k, other=0).to(tl.float32)
+        b_h, b_rk = gdn_exact_step(b_h, b_rk, b_rv, b_rg, b_rb)
     return b_h
 
 
 @triton.jit
 def gdn_replay(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org, n, p_snap, snap_at, mask_h,
-               K: tl.constexpr, V: tl.constexpr, RL: tl.constexpr, UNROLL: tl.constexpr, HAS_SNAP: tl.constexpr):
-    """Replay ring entries `0..n-1` (physical `(org + j) % RL`) into the `[BK, BVF]` tile, exactly.
+               K: tl.constexpr, V: tl.constexpr, RL: tl.constexpr, UNROLL: tl.constexpr, HAS_SNAP: tl.constexpr,
+               TREE: tl.constexpr = False):
+    """Replay ring entries `0..n-1` (physical `(org + j) % RL`) into the state tile, exactly
+    (`[BK, BVF]`, or `[BVF, 4, 8, 4]` in the tree form; `o_k` / `p_snap` laid out to match).
 
-    `p_rk` / `p_rv` point at this key / value head's raw-k / raw-v ring row 0 (no column offsets),
+    `p_rk` / `p_rv` point at this key / value head's raw-k (tree form: normalised fp32 `k`) / raw-v
+    ring row 0 (no column offsets),
     `p_rg` / `p_rb` at its g / beta ring. Whole chunks of `UNROLL` entries are straight-line code
     (their loads need not wait on the state chain); the remainder runs one entry at a time. With
     HAS_SNAP the tile after entry `snap_at - 1` is also stored at `p_snap` (radix track).
@@ -84,14 +209,54 @@ def gdn_replay(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org, n, p_
     n_main = (n // UNROLL) * UNROLL
     for j0 in range(0, n_main, UNROLL):
         for u in tl.static_range(UNROLL):
-            b_h = _gdn_replay_entry(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, (org + j0 + u) % RL, K, V)
+            b_h = _gdn_replay_entry(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, (org + j0 + u) % RL, K, V, TREE)
             if HAS_SNAP:
                 if j0 + u + 1 == snap_at:
                     tl.store(p_snap, b_h.to(p_snap.dtype.element_ty), mask=mask_h)
     if UNROLL > 1:
         for j in range(n_main, n):
-            b_h = _gdn_replay_entry(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, (org + j) % RL, K, V)
+            b_h = _gdn_replay_entry(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, (org + j) % RL, K, V, TREE)
             if HAS_SNAP:
                 if j + 1 == snap_at:
                     tl.store(p_snap, b_h.to(p_snap.dtype.element_ty), mask=mask_h)
     return b_h
+
+
+@triton.jit
+def gdn_decode_flush(
+    p_hs, p_vin, p_o, p_q, p_k, p_rk, p_rv, p_rg, p_rb, b_g, b_beta, wp, org, i_v, scale,
+    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr,
+    RL: tl.constexpr, UNROLL: tl.constexpr, TREE: tl.constexpr,
+):
+    """A decode flush row's `[BV]` columns of one value head: exact replay of the pending entries,
+    then of this token, then the baseline's readout; one BVF-column sub-tile at a time
+    (per-column arithmetic is independent of BVF). `p_hs` is the head's state block, `p_q` / `p_k`
+    this token's raw query / key, `p_rk` the raw-k ring (TREE: the normalised `k` ring), `p_rv`,
+    `p_rg`, `p_rb` the other rings, all at the head's row 0. The plain form needs a one-warp launch."""
+    o_kq = tl.arange(0, BK)
+    b_k = tl.load(p_k + o_kq, mask=o_kq < K, other=0).to(tl.float32)
+    b_q = tl.load(p_q + o_kq, mask=o_kq < K, other=0).to(tl.float32)
+    b_q = gdn_l2norm_vec(b_q, TREE)
+    b_q = b_q * scale
+    if TREE:
+        b_k = gdn_tree_vec(gdn_l2norm_vec(b_k, TREE))
+        b_q = gdn_tree_vec(b_q)
+    o_k = gdn_k_offsets(BK, TREE)
+    mask_k = o_k < K
+    for i_f in tl.static_range(BV // BVF):
+        o_v = i_v * BV + i_f * BVF + tl.arange(0, BVF)
+        mask_v = o_v < V
+        o_h, mask_h = gdn_state_offsets(o_k, o_v, mask_k, mask_v, K, TREE)
+        p_h = p_hs + o_h
+        b_h = tl.load(p_h, mask=mask_h, other=0).to(tl.float32)
+        b_h = gdn_replay(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org, wp, p_h, 0, mask_h,
+                         K, V, RL, UNROLL, False, TREE)
+        b_v = tl.load(p_vin + o_v, mask=mask_v, other=0).to(tl.float32)
+        if TREE:
+            b_h = gdn_tree_step(b_h, b_k, b_v, b_g, b_beta)
+            b_o = gdn_tree_dot(b_h, b_q)
+        else:
+            b_h, b_kn = gdn_exact_step(b_h, b_k, b_v, b_g, b_beta)
+            b_o = tl.sum(b_h * b_q[:, None], 0)
+        tl.store(p_o + o_v, b_o.to(p_o.dtype.element_ty), mask=mask_v)
+        tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_h)

@@ -23,8 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import gdn_decode_config, gdn_replay_unroll
-from .common import gdn_exact_step, gdn_gate, gdn_l2norm, gdn_replay, gdn_tile_ids
+from ..configs import gdn_decode_config, gdn_k_tree, gdn_replay_unroll
+from .common import gdn_decode_flush, gdn_gate, gdn_l2norm, gdn_l2norm_vec, gdn_tile_ids
 from .rings import GDNRings, check_gdn_rings
 from .verify import _verify_split
 
@@ -39,39 +39,13 @@ _FUSED, _NONFLUSH, _FLUSH = 0, 1, 2
 
 
 @triton.jit
-def _decode_flush(
-    p_hs, p_vin, p_o, p_rk, p_rv, p_rg, p_rb, b_q, b_k, b_g, b_beta, wp, org, i_v, scale,
-    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr,
-    RL: tl.constexpr, UNROLL: tl.constexpr,
-):
-    """Exact replay of the pending raw entries, then of this token, then the baseline's readout;
-    one BVF-column sub-tile at a time (per-column arithmetic is independent of BVF)."""
-    o_k = tl.arange(0, BK)
-    mask_k = o_k < K
-    b_q = gdn_l2norm(b_q)
-    b_q = b_q * scale
-    for i_f in tl.static_range(BV // BVF):
-        o_v = i_v * BV + i_f * BVF + tl.arange(0, BVF)
-        mask_v = o_v < V
-        mask_h = mask_k[:, None] & mask_v[None, :]
-        p_h = p_hs + o_v[None, :] * K + o_k[:, None]
-        b_h = tl.load(p_h, mask=mask_h, other=0).to(tl.float32)
-        b_h = gdn_replay(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org, wp, p_h, 0, mask_h,
-                         K, V, RL, UNROLL, False)
-        b_v = tl.load(p_vin + o_v, mask=mask_v, other=0).to(tl.float32)
-        b_h, b_kn = gdn_exact_step(b_h, b_k, b_v, b_g, b_beta)
-        b_o = tl.sum(b_h * b_q[:, None], 0)
-        tl.store(p_o + o_v, b_o.to(p_o.dtype.element_ty), mask=mask_v)
-        tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_h)
-
-
-@triton.jit
 def _decode_nonflush(
     p_hs, p_vin, p_o, ring_d, ring_k, ring_g, ring_rawv, ring_rawk, ring_beta,
     b_q, b_k, b_k_raw, b_g, b_beta, wp, org, slot, i_v, i_h, i_hv, scale,
     stride_d_slot, stride_k_slot, stride_g_slot, stride_rawv_slot, stride_rawk_slot, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr, USE_DOT: tl.constexpr, EVICT: tl.constexpr,
+    TREE: tl.constexpr,
 ):
     """Output from checkpoint + pending entries by inner products; append this token."""
     o_k = tl.arange(0, BK)
@@ -81,7 +55,7 @@ def _decode_nonflush(
     b_v_raw = tl.load(p_vin + o_v, mask=mask_v, other=0)
     b_v = b_v_raw.to(tl.float32)
     b_q = gdn_l2norm(b_q)
-    b_k = gdn_l2norm(b_k)
+    b_k = gdn_l2norm_vec(b_k, TREE)  # stored in the `k` ring, which the tree-form replay reads
     b_q = b_q * scale
     o_j = tl.arange(0, RLB)
     m_j = o_j < wp
@@ -148,6 +122,7 @@ def _gdn_decode_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
     USE_DOT: tl.constexpr, EVICT: tl.constexpr, PHASE: tl.constexpr, UNROLL: tl.constexpr = 1,
+    TREE: tl.constexpr = False,
 ):
     i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
 
@@ -180,11 +155,15 @@ def _gdn_decode_kernel(
 
     if PHASE != 1:
         if flush != 0:
-            _decode_flush(
-                p_hs, p_vin, p_o, ring_rawk + slot * stride_rawk_slot + i_h * RL * K,
+            if TREE:
+                p_rk = ring_k + slot * stride_k_slot + i_h * RL * K  # normalised keys (gdn/common.py)
+            else:
+                p_rk = ring_rawk + slot * stride_rawk_slot + i_h * RL * K
+            gdn_decode_flush(
+                p_hs, p_vin, p_o, q + i_n * stride_q_tok + i_h * K, k + i_n * stride_k_tok + i_h * K, p_rk,
                 ring_rawv + slot * stride_rawv_slot + i_hv * RL * V, ring_g + slot * stride_g_slot + i_hv * RL,
-                ring_beta + slot * stride_beta_slot + i_hv * RL, b_q, b_k, b_g, b_beta, wp, org, i_v, scale,
-                K, V, BK, BV, BVF, RL, UNROLL,
+                ring_beta + slot * stride_beta_slot + i_hv * RL, b_g, b_beta, wp, org, i_v, scale,
+                K, V, BK, BV, BVF, RL, UNROLL, TREE,
             )
     if PHASE != 2:
         if flush == 0:
@@ -192,7 +171,7 @@ def _gdn_decode_kernel(
                 p_hs, p_vin, p_o, ring_d, ring_k, ring_g, ring_rawv, ring_rawk, ring_beta,
                 b_q, b_k, b_k_raw, b_g, b_beta, wp, org, slot, i_v, i_h, i_hv, scale,
                 stride_d_slot, stride_k_slot, stride_g_slot, stride_rawv_slot, stride_rawk_slot, stride_beta_slot,
-                H, HV, K, V, BK, BV, RL, RLB, USE_DOT, EVICT,
+                H, HV, K, V, BK, BV, RL, RLB, USE_DOT, EVICT, TREE,
             )
 
 
@@ -282,12 +261,18 @@ def gdn_replay_decode(
             RLB = max(RLB, 16)
         _gdn_decode_kernel[(triton.cdiv(V, BV) * B * HV,)](
             *args, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BVF=BVF, RL=RL, RLB=RLB, USE_DOT=use_dot,
-            EVICT=cfg.evict_first, PHASE=phase, UNROLL=gdn_replay_unroll(), num_warps=num_warps,
+            EVICT=cfg.evict_first, PHASE=phase, UNROLL=gdn_replay_unroll(), TREE=gdn_k_tree(K), num_warps=num_warps,
             num_stages=cfg.num_stages,
         )
 
     bv_cfg = min(triton.next_power_of_2(V), cfg.block_v)
-    if cfg.split == 2:
+    if cfg.split == 3:
+        # One launch fewer: the state launch of the two-launch pair also runs the flush rows.
+        _verify_split(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), a.unsqueeze(1), b.unsqueeze(1), A_log, dt_bias,
+                      state, rings, slot_idx, row_wp, origin, scale, out.view(B, 1, HV, V), BK, bv_cfg,
+                      cfg.num_warps, cfg.num_stages, row_wp=row_wp, row_flush=row_flush,
+                      flush_cols=min(cfg.flush_cols, bv_cfg))
+    elif cfg.split == 2:
         # Flush rows on the exact branch; non-flush rows through the two-launch verify pair with
         # T = 1 (per-head ring products first, then a light pass over each checkpoint tile).
         launch(_FLUSH, bv_exact, _NUM_WARPS, bvf)

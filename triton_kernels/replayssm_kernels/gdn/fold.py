@@ -3,7 +3,9 @@
 For each row and layer, the first `n_fold` pending entries (logical `0..n_fold-1`, physical
 `(origin + j) % L`) are replayed from raw `v`, raw pre-norm `k`, `g` and `beta` with the operation
 order of SGLang's `fused_sigmoid_gating_delta_rule_update_kernel` (same `[BK, BV]` tile, one warp),
-so the result is bit-identical to that kernel stepped over the same tokens.
+so the result is bit-identical to that kernel stepped over the same tokens. In the tree form
+(K = 128 on the GPU, `configs.gdn_k_tree`) the reductions are written out in that kernel's order
+instead, and the keys come normalised from the fp32 `k` ring (gdn/common.py).
 
 Grid: `(cdiv(V, BV) * B * HV, Lm)`; rows with `n_fold == 0` exit at once unless a separate
 destination is given (then the checkpoint is copied there unchanged).
@@ -17,9 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import gdn_fold_cols, gdn_replay_unroll
+from ..configs import gdn_fold_cols, gdn_k_tree, gdn_replay_unroll
 from ..cursors import load_fold_plan
-from .common import gdn_replay, gdn_tile_ids
+from .common import gdn_k_offsets, gdn_replay, gdn_state_offsets, gdn_tile_ids
 from .rings import GDNRings, check_gdn_rings
 
 
@@ -32,7 +34,7 @@ def _gdn_fold_kernel(
     stride_g_layer, stride_g_slot, stride_beta_layer, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, RL: tl.constexpr, HAS_DST: tl.constexpr,
-    HAS_SNAP: tl.constexpr, FROM_CURSORS: tl.constexpr, UNROLL: tl.constexpr = 1,
+    HAS_SNAP: tl.constexpr, FROM_CURSORS: tl.constexpr, UNROLL: tl.constexpr = 1, TREE: tl.constexpr = False,
 ):
     i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
     i_l = tl.program_id(1)
@@ -49,7 +51,7 @@ def _gdn_fold_kernel(
         b_snap_at = tl.load(snap_at + i_n)
         b_snap_slot = tl.load(snap_slot + i_n).to(tl.int64)
 
-    o_k = tl.arange(0, BK)
+    o_k = gdn_k_offsets(BK, TREE)
     mask_k = o_k < K
     p_rk = ring_rawk + i_l * stride_rawk_layer + slot * stride_rawk_slot + i_h * RL * K
     p_rg = ring_g + i_l * stride_g_layer + slot * stride_g_slot + i_hv * RL
@@ -61,8 +63,8 @@ def _gdn_fold_kernel(
     for i_f in tl.static_range(BV // BVF):
         o_v = i_v * BV + i_f * BVF + tl.arange(0, BVF)
         mask_v = o_v < V
-        mask_h = mask_k[:, None] & mask_v[None, :]
-        o_h = i_hv * K * V + o_v[None, :] * K + o_k[:, None]
+        o_h, mask_h = gdn_state_offsets(o_k, o_v, mask_k, mask_v, K, TREE)
+        o_h = i_hv * K * V + o_h
         p_h = state + i_l * stride_state_layer + slot * stride_state_slot + o_h
         b_h = tl.load(p_h, mask=mask_h, other=0).to(tl.float32)
         p_rv = ring_rawv + i_l * stride_rawv_layer + slot * stride_rawv_slot + i_hv * RL * V
@@ -70,10 +72,10 @@ def _gdn_fold_kernel(
             # A row without a track slot this step stores no snapshot (entry index 0 never matches).
             p_s = state + i_l * stride_state_layer + tl.maximum(b_snap_slot, 0) * stride_state_slot + o_h
             b_h = gdn_replay(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org, n_fold, p_s,
-                             tl.where(b_snap_slot >= 0, b_snap_at, 0), mask_h, K, V, RL, UNROLL, True)
+                             tl.where(b_snap_slot >= 0, b_snap_at, 0), mask_h, K, V, RL, UNROLL, True, TREE)
         else:
             b_h = gdn_replay(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org, n_fold, p_h, 0, mask_h,
-                             K, V, RL, UNROLL, False)
+                             K, V, RL, UNROLL, False, TREE)
         if HAS_DST:
             p_h = dst + i_l * stride_dst_layer + d_slot * stride_dst_slot + o_h
         tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_h)
@@ -137,14 +139,16 @@ def gdn_replay_fold(
     if from_cursors:
         row_nfold, row_origin = cursors
     grid = (triton.cdiv(V, BV) * B * HV, Lm)
+    tree = gdn_k_tree(K)
+    ring_key = rings.k if tree else rings.rawk  # tree form: the normalised keys (gdn/common.py)
     _gdn_fold_kernel[grid](
-        state, out, rings.rawv, rings.rawk, rings.g, rings.beta,
+        state, out, rings.rawv, ring_key, rings.g, rings.beta,
         slot_idx, dst_idx if has_dst else slot_idx, row_nfold, row_origin,
         snap_at if has_snap else row_nfold, snap_slot if has_snap else slot_idx,
         state.stride(0), state.stride(1), out.stride(0), out.stride(1),
-        rings.rawv.stride(0), rings.rawv.stride(1), rings.rawk.stride(0), rings.rawk.stride(1),
+        rings.rawv.stride(0), rings.rawv.stride(1), ring_key.stride(0), ring_key.stride(1),
         rings.g.stride(0), rings.g.stride(1), rings.beta.stride(0), rings.beta.stride(1),
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BVF=min(BV, gdn_fold_cols()), RL=rings.ring_len, HAS_DST=has_dst,
-        HAS_SNAP=has_snap, FROM_CURSORS=from_cursors, UNROLL=gdn_replay_unroll(),
+        HAS_SNAP=has_snap, FROM_CURSORS=from_cursors, UNROLL=gdn_replay_unroll(), TREE=tree,
         num_warps=1, num_stages=3,
     )

@@ -23,8 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import gdn_verify_config
-from .common import gdn_gate, gdn_l2norm, gdn_tile_ids
+from ..configs import gdn_k_tree, gdn_replay_unroll, gdn_verify_config
+from .common import gdn_gate, gdn_l2norm, gdn_l2norm_vec, gdn_tile_ids
 from .verify_mm import _gdn_verify_mm_kernel
 from .verify_split import _gdn_verify_prep_kernel, _gdn_verify_state_kernel, scratch_floats
 from .rings import GDNRings, check_gdn_rings
@@ -65,7 +65,7 @@ def _gdn_verify_kernel(
     stride_rawv_slot, stride_rawk_slot, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
-    USE_DOT: tl.constexpr,
+    USE_DOT: tl.constexpr, TREE: tl.constexpr = False,
 ):
     i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
     first_of_group = i_hv % (HV // H) == 0
@@ -129,7 +129,7 @@ def _gdn_verify_kernel(
         b_a_s = tl.load(a + i_n * stride_a_row + s * stride_a_tok + i_hv, mask=valid, other=0).to(tl.float32)
         b_b_s = tl.load(b + i_n * stride_b_row + s * stride_b_tok + i_hv, mask=valid, other=0).to(tl.float32)
         b_g_s, b_beta_s = gdn_gate(b_a_s, b_b_s, b_A_log, b_dt_bias, softplus_beta, softplus_threshold)
-        b_k_s = gdn_l2norm(b_k_raw.to(tl.float32))
+        b_k_s = gdn_l2norm_vec(b_k_raw.to(tl.float32), TREE)  # into the `k` ring (exact fold reads it)
         b_q_s = gdn_l2norm(b_q_s) * scale
         if USE_DOT:
             b_p = tl.where(o_c[None, :] == s, b_k_s[:, None], b_p)
@@ -286,16 +286,18 @@ def gdn_replay_verify(
         a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         state.stride(0), rings.d.stride(0), rings.k.stride(0), rings.g.stride(0),
         rings.rawv.stride(0), rings.rawk.stride(0), rings.beta.stride(0),
-        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT, RL=RL, RLB=RLB,
+        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT, RL=RL, RLB=RLB, TREE=gdn_k_tree(K),
         num_warps=num_warps, num_stages=num_stages, **extra,
     )
     return out
 
 
 def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, origin, scale, out,
-                  BK, BV, num_warps, num_stages, row_wp=None, row_flush=None):
+                  BK, BV, num_warps, num_stages, row_wp=None, row_flush=None, flush_cols=0):
     """Two-launch verify (verify_split.py): per-head window algebra, then one pass over the state.
-    With `row_wp`/`row_flush` (decode, T = 1) only the non-flush rows are computed."""
+    With `row_wp`/`row_flush` (decode, T = 1) only the non-flush rows are computed, unless
+    `flush_cols` > 0: then the state launch also runs the flush rows exactly, `flush_cols`
+    columns at a time (decode plan 3)."""
     B, T, H, K = k.shape
     HV, V = state.shape[1], state.shape[2]
     BT = triton.next_power_of_2(T)
@@ -305,6 +307,11 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
     scratch = torch.empty((B, HV, NS), dtype=torch.float32, device=state.device)
     sq, sk, sv = _strides4(q, K, "q"), _strides4(k, K, "k"), _strides4(v, V, "v")
     rows = (row_wp, row_flush) if row_wp is not None else (slot_idx, slot_idx)  # unused without ROWS
+    tree = gdn_k_tree(K)
+    if flush_cols and num_warps != 1 and not tree:
+        raise ValueError("the exact decode path in the state launch needs one warp (the plain form's "
+                         "sums follow the layout); use num_warps=1 or the tree form (REPLAYSSM_CONFIG=gdn_k_tree=1)")
+    ring_fk = rings.k if tree else rings.rawk
     _gdn_verify_prep_kernel[(B * H,)](
         q, k, a, b, A_log, dt_bias, rings.k, rings.g, rings.rawk, rings.beta,
         slot_idx, wpos, origin, scratch, rows[0], rows[1],
@@ -312,7 +319,7 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
         T,
         *sq, *sk, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         rings.k.stride(0), rings.g.stride(0), rings.rawk.stride(0), rings.beta.stride(0),
-        H=H, HV=HV, K=K, BK=BK, BT=BT, RL=RL, RLB=RLB, NS=NS, ROWS=row_wp is not None,
+        H=H, HV=HV, K=K, BK=BK, BT=BT, RL=RL, RLB=RLB, NS=NS, ROWS=row_wp is not None, TREE=gdn_k_tree(K),
         num_warps=4 if BK >= 128 else 2,
     )
     _gdn_verify_state_kernel[(triton.cdiv(V, BV) * B * HV,)](
@@ -322,6 +329,10 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
         T,
         *sq, *sk, *sv,
         state.stride(0), rings.d.stride(0), rings.rawv.stride(0),
+        a, b, A_log, dt_bias, ring_fk, rings.g, rings.beta,
+        1.0, 20.0, a.stride(0), b.stride(0),
+        ring_fk.stride(0), rings.g.stride(0), rings.beta.stride(0),
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT, RL=RL, RLB=RLB, NS=NS, EVICT=True, ROWS=row_wp is not None,
+        FLUSH=flush_cols > 0, BVF=min(max(flush_cols, 1), BV), UNROLL=gdn_replay_unroll(), TREE=tree,
         num_warps=num_warps, num_stages=num_stages,
     )

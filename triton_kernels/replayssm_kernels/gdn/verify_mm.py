@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import gdn_gate, gdn_tile_ids
+from .common import gdn_gate, gdn_l2norm_rows, gdn_tile_ids
 
 
 @triton.jit
@@ -40,7 +40,7 @@ def _gdn_verify_mm_kernel(
     stride_rawv_slot, stride_rawk_slot, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
-    S0_DOT: tl.constexpr = True,
+    S0_DOT: tl.constexpr = True, TREE: tl.constexpr = False,
 ):
     i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
 
@@ -71,7 +71,7 @@ def _gdn_verify_mm_kernel(
     b_g, b_beta = gdn_gate(b_a, b_b, b_A_log, b_dt_bias, softplus_beta, softplus_threshold)
     b_g = tl.where(m_c, b_g, 0.0)
     b_kw = b_kraw.to(tl.float32)
-    b_kw = b_kw / tl.sqrt(tl.sum(b_kw * b_kw, 1) + 1e-6)[:, None]
+    b_kw = gdn_l2norm_rows(b_kw, TREE)  # into the `k` ring (exact fold reads it)
     b_qw = b_qw / tl.sqrt(tl.sum(b_qw * b_qw, 1) + 1e-6)[:, None] * scale
 
     # Ring write of the window (positions wp..wp+T-1 of the circular ring).

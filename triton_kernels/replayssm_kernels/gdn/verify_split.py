@@ -19,7 +19,10 @@ and writes the window's u and raw v into the ring. All products are fp32 on CUDA
 Grids: prep `(B * H,)`, state `(cdiv(V, BV) * B * HV,)`.
 
 With `ROWS` the pair serves the non-flush rows of a decode step (T = 1; `row_wp`/`row_flush` from
-`decode_prepare`, flush rows skipped: the decode kernel's exact branch runs them).
+`decode_prepare`). The prep kernel skips flush rows; the state kernel either skips them too (the
+decode kernel's exact branch runs them in a launch of its own, decode plan 2) or, with `FLUSH`,
+runs them itself on the exact path (plan 3: one launch fewer per step, whose idle programs cost
+tens of microseconds at batch 256).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import gdn_gate, gdn_l2norm, gdn_tile_ids
+from .common import gdn_decode_flush, gdn_gate, gdn_l2norm, gdn_l2norm_rows, gdn_tile_ids
 
 
 @triton.jit
@@ -51,7 +54,7 @@ def _gdn_verify_prep_kernel(
     stride_q_row, stride_q_tok, stride_k_row, stride_k_tok, stride_a_row, stride_a_tok, stride_b_row, stride_b_tok,
     stride_k_slot, stride_g_slot, stride_rawk_slot, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
-    RL: tl.constexpr, RLB: tl.constexpr, NS: tl.constexpr, ROWS: tl.constexpr = False,
+    RL: tl.constexpr, RLB: tl.constexpr, NS: tl.constexpr, ROWS: tl.constexpr = False, TREE: tl.constexpr = False,
 ):
     i_n, i_h = tl.program_id(0) // H, tl.program_id(0) % H
     slot = tl.load(slot_idx + i_n).to(tl.int64)
@@ -77,7 +80,7 @@ def _gdn_verify_prep_kernel(
     # Window keys: normalised into the ring (outputs), raw into the fold ring.
     b_kraw = tl.load(k + i_n * stride_k_row + o_t[:, None] * stride_k_tok + i_h * K + o_k[None, :], mask=m_tk, other=0)
     b_kw = b_kraw.to(tl.float32)
-    b_kw = b_kw / tl.sqrt(tl.sum(b_kw * b_kw, 1) + 1e-6)[:, None]
+    b_kw = gdn_l2norm_rows(b_kw, TREE)  # into the `k` ring (exact fold reads it)
     phys_t = (org + wp + o_t) % RL
     p_rk = (i_h * RL + phys_t)[:, None] * K + o_k[None, :]
     tl.store(ring_k + slot * stride_k_slot + p_rk, b_kw.to(ring_k.dtype.element_ty), mask=m_tk)
@@ -154,9 +157,13 @@ def _gdn_verify_state_kernel(
     T,
     stride_q_row, stride_q_tok, stride_k_row, stride_k_tok, stride_v_row, stride_v_tok,
     stride_state_slot, stride_d_slot, stride_rawv_slot,
+    a, b, A_log, dt_bias, ring_fk, ring_g, ring_beta,
+    softplus_beta, softplus_threshold, stride_a_row, stride_b_row,
+    stride_fk_slot, stride_g_slot, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
-    NS: tl.constexpr, EVICT: tl.constexpr, ROWS: tl.constexpr = False,
+    NS: tl.constexpr, EVICT: tl.constexpr, ROWS: tl.constexpr = False, FLUSH: tl.constexpr = False,
+    BVF: tl.constexpr = 8, UNROLL: tl.constexpr = 1, TREE: tl.constexpr = False,
 ):
     i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
 
@@ -164,9 +171,24 @@ def _gdn_verify_state_kernel(
     if slot < 0:
         return
     if ROWS:
-        if tl.load(row_flush + i_n) != 0:
-            return
         wp = tl.load(row_wp + i_n)
+        if tl.load(row_flush + i_n) != 0:
+            if FLUSH:
+                # Decode plan 3: this launch also runs the flush rows, on the exact path (no
+                # launch of their own; `ring_fk` is the raw-k ring, or with TREE the `k` ring).
+                org = tl.load(origin + slot)
+                b_g, b_beta = gdn_gate(tl.load(a + i_n * stride_a_row + i_hv).to(tl.float32),
+                                       tl.load(b + i_n * stride_b_row + i_hv).to(tl.float32),
+                                       tl.load(A_log + i_hv).to(tl.float32), tl.load(dt_bias + i_hv).to(tl.float32),
+                                       softplus_beta, softplus_threshold)
+                gdn_decode_flush(
+                    state + slot * stride_state_slot + i_hv * K * V, v + i_n * stride_v_row + i_hv * V,
+                    o + (i_n * HV + i_hv) * V, q + i_n * stride_q_row + i_h * K, k + i_n * stride_k_row + i_h * K,
+                    ring_fk + slot * stride_fk_slot + i_h * RL * K, ring_rawv + slot * stride_rawv_slot + i_hv * RL * V,
+                    ring_g + slot * stride_g_slot + i_hv * RL, ring_beta + slot * stride_beta_slot + i_hv * RL,
+                    b_g, b_beta, wp, org, i_v, scale, K, V, BK, BV, BVF, RL, UNROLL, TREE,
+                )
+            return
     else:
         wp = tl.load(wpos + slot)
     org = tl.load(origin + slot)
