@@ -30,6 +30,8 @@
 #   E2E_ONLY         both | stock | ours                         (default both)
 #   E2E_PARALLEL     cases run at once (1..4)                    (default 4)
 #   E2E_DEADLINE_S   wall budget for the whole command, seconds  (default 570)
+#   E2E_PORT_BASE    first server port; case i uses BASE + 1000 i (default 30000; two runs at once
+#                    need bases apart, or their servers race for the same port)
 #   E2E_PROMPTS      prompts per case                            (default 32)
 #   E2E_TOKENS       new tokens per prompt                       (default 256)
 #   E2E_SERVER_FLAGS extra flags for every server (default: explicit small pools, see below)
@@ -198,7 +200,7 @@ do_run() {
     log "start $name (stock+ours, ${left}s left, startup timeout ${startup}s)"
     env "${case_env[@]}" timeout -s TERM -k 15 "$left" "$PY" "$REPO/scripts/e2e_parity.py" --time-budget $(( left - 15 )) \
       --model "${model[$preset]}" "${spec[@]}" --only "$only" --out "$WORK/$name" \
-      --port $(( 30000 + 1000 * i )) --num-prompts "$prompts" --max-new-tokens "$tokens" \
+      --port $(( ${E2E_PORT_BASE:-30000} + 1000 * i )) --num-prompts "$prompts" --max-new-tokens "$tokens" \
       $prefill_flag --cuda-graph-max-bs "${E2E_GRAPH_BS:-48}" --sampling-backend pytorch \
       --extra-args="$server_flags$case_flags" --ours-extra-args="${E2E_OURS_FLAGS:-}" "${case_driver[@]}" \
       --startup-timeout "$startup" --request-timeout 120 --python "$PY" ${E2E_DRIVER_FLAGS:-} \

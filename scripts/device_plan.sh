@@ -12,11 +12,19 @@
 #                  SSU paths, kernel benchmark  [.whl]
 #   gdn_sweep      GDN launch plans and the exact replay's unroll depths vs SGLang's kernels  [.whl]
 #   e2e320         Nemotron-H + NEXTN parity at 320 running requests      [.whl2 .tiny]
+#   e2e_dispatch   GDN decode plan 3 and the ring decode from 64 rows: the 32-prompt cases (ring at
+#                  every batch in qwen3_next:ring) beside 160 prompts of spread output lengths (the
+#                  batch crosses 64 rows downwards with rings pending); builds the GDN spec
+#                  checkpoint for spec_fit2 in the background   [.whl2 .tiny]
 #   e2e_prefix     prefix-cache / scheduler parity cases (:radix :nobuffer :retract :mixed)  [.tiny]
 #   spec_c1        GDN spec at concurrency 1, 16 requests a case: ours then stock, then stock then
 #                  ours; --diag summaries
 #   spec_fit       max concurrency with NEXTN on and the radix cache off (scripts/fit_probe.py;
 #                  resumable: repeat the call if a side was left)                [.whl2 if 2nd call]
+#   spec_fit2      spec_fit without calibration launches: stock at N=960 (its session-11 launch), then
+#                  ours at N=2540 with --mem-fraction-static 0.707 (session 11: ours at 3227 and
+#                  SGLang's default fraction ran out of activation memory in the decode logits);
+#                  FIT2_SIDES=stock|ours runs one side (one call each, same warm machine)
 #   decode_fixed   GDN and Nano-9B decode with the same fixed pools on both sides
 #   aime           AIME parity runner end to end on the tiny Qwen3-Next    [.aime_data .tiny]
 #
@@ -90,6 +98,22 @@ step_e2e320() {
     bash scripts/device_e2e.sh run nemotron_h:nextn
 }
 
+step_e2e_dispatch() {
+  env_ready
+  local budget=$(( $(left) - 20 ))
+  [ "$DRY" = 1 ] || { "$PY" scripts/bench_serving.py --models-dir /tmp/bench_models --model gdn --study spec \
+    --only stock --concurrency 1 --min-server-s 99999 --out /tmp/b_build >"$OUT/build_spec_model.log" 2>&1 & }
+  echo "+ (background) $PY scripts/bench_serving.py --models-dir /tmp/bench_models --model gdn --study spec --only stock --concurrency 1 --min-server-s 99999 --out /tmp/b_build"
+  run env E2E_PARALLEL=5 E2E_DEADLINE_S=$budget OUT="$OUT/e2e32" E2E_WORK=/tmp/e2e_work32 \
+    bash scripts/device_e2e.sh run qwen3_next qwen3_next:nextn qwen3_next:ring nemotron_h nemotron_h:nextn &
+  [ "$DRY" = 1 ] || sleep 30  # the first run installs the plugin's entry point alone
+  run env E2E_PROMPTS=160 E2E_GRAPH_BS=160 \
+    E2E_SERVER_FLAGS="--mem-fraction-static 0.85 --max-total-tokens 200000 --max-mamba-cache-size 1700 --max-running-requests 160" \
+    E2E_DRIVER_FLAGS="--new-tokens-spread 0.75" E2E_PARALLEL=2 E2E_DEADLINE_S=$(( budget - 30 )) OUT="$OUT/e2e160" \
+    E2E_WORK=/tmp/e2e_work160 E2E_PORT_BASE=40000 bash scripts/device_e2e.sh run qwen3_next qwen3_next:nextn
+  wait
+}
+
 step_e2e_prefix() {
   run env E2E_PARALLEL=2 E2E_DEADLINE_S=$(( $(left) - 20 )) OUT="$OUT/e2e_prefix" \
     bash scripts/device_e2e.sh run qwen3_next:nextn:radix nemotron_h:radix:retract \
@@ -124,6 +148,27 @@ step_spec_fit() {
   [ "$DRY" = 1 ] || { tar czf "$OUT/spec_fit.tgz" -C /tmp fit; cp /tmp/fit/report.md "$OUT/spec_fit_report.md"; }
 }
 
+step_spec_fit2() {
+  # FIT2_SIDES (default "stock ours"): one side per call leaves each its startup and load time;
+  # the second call resumes in the same /tmp/fit on the warm machine. Ours at N=2540 and
+  # --mem-fraction-static 0.707: the pools of session 14's launch at 0.707 balance KV and slots
+  # near N=2561, and 0.707 leaves the decode logits (N x 4 drafts x vocab fp32, 6.5 GiB at 2832
+  # requests) their room; session 14's 0.807 launch ran out of memory there.
+  env_ready
+  local side
+  for side in ${FIT2_SIDES:-stock ours}; do
+    case $side in
+      stock) run "$PY" scripts/fit_probe.py --model gdn --models-dir /tmp/bench_models --out /tmp/fit --sides stock \
+        --start-n stock=960 --min-side-s 120 --startup-timeout 500 --time-budget $(( $(left) - 30 )) ;;
+      ours) run "$PY" scripts/fit_probe.py --model gdn --models-dir /tmp/bench_models --out /tmp/fit --sides ours \
+        --start-n ours=${FIT2_OURS_N:-2540} --server-args="--mem-fraction-static ${FIT2_OURS_FRAC:-0.707}" \
+        --oom-retries 0 --min-side-s 120 --startup-timeout 500 --time-budget $(( $(left) - 30 )) ;;
+      *) echo "FIT2_SIDES: stock and/or ours, got $side" >&2; return 2 ;;
+    esac
+  done
+  [ "$DRY" = 1 ] || { tar czf "$OUT/spec_fit.tgz" -C /tmp fit; cp /tmp/fit/report.md "$OUT/spec_fit_report.md"; }
+}
+
 step_decode_fixed() {
   env_ready
   local half=$(( ($(left) - 30) / 2 ))
@@ -142,7 +187,7 @@ step_aime() {
     --time-budget $(( $(left) - 30 ))
 }
 
-STEPS=(install kernels m2_profile m2_sweep gdn_sweep e2e320 e2e_prefix spec_c1 spec_fit decode_fixed aime)
+STEPS=(install kernels m2_profile m2_sweep gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 spec_fit spec_fit2 decode_fixed aime)
 [ $# -gt 0 ] || { echo "usage: $0 STEP [STEP ...]; steps: ${STEPS[*]}" >&2; exit 2; }
 for s in "$@"; do
   [[ " ${STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s; steps: ${STEPS[*]}" >&2; exit 2; }

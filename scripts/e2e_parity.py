@@ -163,12 +163,27 @@ def server_env(base: dict, side: str, stock_with_plugins: bool = False) -> dict:
     return env
 
 
-def generate_payload(prompts: list[list[int]], max_new_tokens: int) -> dict:
-    return {
-        "input_ids": prompts,
-        "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
-        "return_logprob": True,
-    }
+def generate_payload(prompts: list[list[int]], max_new_tokens) -> dict:
+    """One batched /generate request. `max_new_tokens`: one int for every prompt, or a list with
+    one per prompt (SGLang takes a list of sampling params for a batch)."""
+    if isinstance(max_new_tokens, int):
+        params = {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
+    else:
+        if len(max_new_tokens) != len(prompts):
+            raise ValueError(f"{len(max_new_tokens)} max_new_tokens for {len(prompts)} prompts")
+        params = [{"temperature": 0, "max_new_tokens": int(n), "ignore_eos": True} for n in max_new_tokens]
+    return {"input_ids": prompts, "sampling_params": params, "return_logprob": True}
+
+
+def spread_new_tokens(seed: int, n: int, max_new_tokens: int, spread: float) -> list[int]:
+    """Per-prompt output lengths in [max_new_tokens * (1 - spread), max_new_tokens], seeded, so
+    that requests finish at different steps and the running batch shrinks one request at a time
+    (it crosses every decode dispatch threshold downwards with rings still pending)."""
+    if not 0.0 <= spread < 1.0:
+        raise ValueError(f"--new-tokens-spread must be in [0, 1), got {spread}")
+    rng = random.Random(seed + 7919)
+    lo = max(1, int(round(max_new_tokens * (1.0 - spread))))
+    return [rng.randint(lo, max_new_tokens) for _ in range(n)]
 
 
 def parse_generate_response(resp) -> list[dict]:
@@ -208,8 +223,11 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def compare_outputs(stock: list[dict], ours: list[dict], min_match: int) -> dict:
-    """Per-prompt first divergence and logprob |diff| on the common prefix, plus a summary."""
+def compare_outputs(stock: list[dict], ours: list[dict], min_match: int, expected=None) -> dict:
+    """Per-prompt first divergence and logprob |diff| on the common prefix, plus a summary.
+
+    `expected`: per-prompt requested output lengths (with --new-tokens-spread); a prompt then
+    passes with min(min_match, expected[i]) identical tokens."""
     if len(stock) != len(ours):
         raise ValueError(f"{len(stock)} stock outputs vs {len(ours)} ours")
     per, all_diffs = [], []
@@ -224,7 +242,7 @@ def compare_outputs(stock: list[dict], ours: list[dict], min_match: int) -> dict
             prompt=i,
             first_divergence=div,
             matched_tokens=matched,
-            passed=matched >= min_match,
+            passed=matched >= (min_match if expected is None else min(min_match, expected[i])),
             logprob_max_abs_diff=max(diffs) if diffs else None,
             logprob_mean_abs_diff=sum(diffs) / len(diffs) if diffs else None,
         ))
@@ -606,6 +624,9 @@ def parse_args(argv=None):
     p.add_argument("--out", default=None, help="folder for result.json, outputs and server logs")
     p.add_argument("--num-prompts", type=int, default=32)
     p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--new-tokens-spread", type=float, default=0.0,
+                   help="per-prompt output lengths drawn from [max*(1-F), max] (0: all max); the batch then "
+                        "shrinks one request at a time")
     p.add_argument("--min-match", type=int, default=None, help="identical tokens a prompt needs (default: all)")
     p.add_argument("--min-pass-frac", type=float, default=0.95)
     p.add_argument("--max-logprob-diff", type=float, default=None, help="optional limit on max |logprob diff|")
@@ -663,7 +684,9 @@ def main(argv=None) -> int:
 
     lo, hi = prompt_id_range(config, _tokenizer_size(model))
     prompts = make_prompts(a.seed, a.num_prompts, lo, hi, a.prompt_len[0], a.prompt_len[1])
-    payload = generate_payload(prompts, a.max_new_tokens)
+    new_tokens = (a.max_new_tokens if not a.new_tokens_spread
+                  else spread_new_tokens(a.seed, len(prompts), a.max_new_tokens, a.new_tokens_spread))
+    payload = generate_payload(prompts, new_tokens)
     next_waves = []
     if a.radix_waves:
         first = len(prompts)
@@ -728,7 +751,8 @@ def main(argv=None) -> int:
 
     comparison = None
     if runs.get("stock") and runs.get("ours") and runs["stock"].served and runs["ours"].served:
-        comparison = compare_outputs(runs["stock"].outputs, runs["ours"].outputs, min_match)
+        comparison = compare_outputs(runs["stock"].outputs, runs["ours"].outputs, min_match,
+                                     expected=None if isinstance(new_tokens, int) else new_tokens)
     checks = evaluate(
         spec=a.spec,
         sides={k: dict(served=v["served"], error=v["error"], log=_read(v["log_path"])) for k, v in sides.items()},
@@ -751,6 +775,7 @@ def main(argv=None) -> int:
         workload=dict(radix_waves=a.radix_waves, expect_retract=a.expect_retract,
                       compared_prompts=(comparison or {}).get("num_prompts")),
         max_new_tokens=a.max_new_tokens,
+        new_tokens_spread=a.new_tokens_spread,
         seed=a.seed,
         sides=sides,
         comparison=comparison,

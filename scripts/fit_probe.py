@@ -243,7 +243,7 @@ def parse_args(argv=None):
     p.add_argument("--time-budget", type=float, default=None)
     p.add_argument("--min-side-s", type=float, default=240.0,
                    help="do not start a side with less time left (it is left for the next call into the same OUT)")
-    p.add_argument("--redo", action="store_true", help="probe sides that an earlier call into OUT verified")
+    p.add_argument("--redo", action="store_true", help="probe the --sides that an earlier call into OUT verified (other sides are kept)")
     p.add_argument("--oom-retries", type=int, default=1,
                    help="relaunches at the same N when the server runs out of memory under the load")
     p.add_argument("--oom-mem-step", type=float, default=0.1,
@@ -434,12 +434,14 @@ def main(argv=None) -> int:
     result = dict(**here, model={k: model[k] for k in ("dir", "tag", "desc")}, input_len=a.input_len,
                   output_len=a.output_len, sides={})
     prev_path = out / "fit.json"
-    if prev_path.exists() and not a.redo:
-        # Resumable: a side verified by an earlier call into the same OUT (same model and lengths) is kept.
+    if prev_path.exists():
+        # Resumable: a side verified by an earlier call into the same OUT (same model and lengths) is
+        # kept; --redo probes the sides of --sides again and keeps the others.
         prev = json.loads(prev_path.read_text())
         if (prev.get("model", {}).get("dir"), prev.get("input_len"), prev.get("output_len")) == (
                 model["dir"], a.input_len, a.output_len):
-            result["sides"] = {k: v for k, v in prev.get("sides", {}).items() if side_ok(v)}
+            result["sides"] = {k: v for k, v in prev.get("sides", {}).items()
+                               if side_ok(v) and not (a.redo and k in a.side_list)}
     rc = 0
     for side in a.side_list:
         if side in result["sides"]:

@@ -80,6 +80,28 @@ def test_compare_outputs_divergence_and_logprobs():
         e2e.compare_outputs(stock, ours[:2], min_match=n)
 
 
+def test_spread_new_tokens_and_per_prompt_lengths():
+    lens = e2e.spread_new_tokens(0, 64, 256, 0.5)
+    assert len(lens) == 64 and min(lens) >= 128 and max(lens) <= 256
+    assert len(set(lens)) > 16  # requests finish at many different steps
+    assert lens == e2e.spread_new_tokens(0, 64, 256, 0.5)  # seeded
+    assert e2e.spread_new_tokens(0, 4, 256, 0.0) == [256] * 4
+    with pytest.raises(ValueError):
+        e2e.spread_new_tokens(0, 4, 256, 1.0)
+    payload = e2e.generate_payload([[1, 2], [3]], [5, 9])
+    assert [p["max_new_tokens"] for p in payload["sampling_params"]] == [5, 9]
+    assert e2e.generate_payload([[1, 2], [3]], 7)["sampling_params"]["max_new_tokens"] == 7
+    with pytest.raises(ValueError):
+        e2e.generate_payload([[1, 2], [3]], [5])
+    # A prompt asked for 4 tokens passes with 4 identical ones; one asked for 10 needs all 10 (a
+    # server that stops early fails it).
+    stock = [_out(range(4), [0.0] * 4), _out(range(10), [0.0] * 10), _out(range(10), [0.0] * 10)]
+    ours = [_out(range(4), [0.0] * 4), _out(range(10), [0.0] * 10), _out(range(6), [0.0] * 6)]
+    r = e2e.compare_outputs(stock, ours, min_match=10, expected=[4, 10, 10])
+    assert [p["passed"] for p in r["per_prompt"]] == [True, True, False]
+    assert e2e.compare_outputs(stock, ours, min_match=10)["num_passed"] == 1
+
+
 def test_parse_generate_response():
     resp = [
         {"text": "x", "output_ids": [7, 8], "meta_info": {

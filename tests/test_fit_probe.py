@@ -223,8 +223,11 @@ def test_sides_in_separate_calls_are_merged_and_the_budget_leaves_a_side(fake):
     report = (fake["out"] / "report.md").read_text()
     assert report.count("`python3 scripts/fit_probe.py") == 2  # one provenance line per call
     assert report.index("| stock |") < report.index("| ours |")
-    rc, res = _probe(fake, "--sides", "stock", "--redo")
-    assert rc == 0 and list(res["sides"]) == ["stock"]
+    ours_before = res["sides"]["ours"]["command"]
+    rc, res = _probe(fake, "--sides", "stock", "--redo")  # stock probed again, ours kept
+    assert rc == 0 and set(res["sides"]) == {"stock", "ours"}
+    assert res["sides"]["stock"]["command"].endswith("--sides stock --redo")
+    assert res["sides"]["ours"]["command"] == ours_before
 
 
 # Lines of the session-11 H200 log of our server launched at N=3227 with SGLang's default
