@@ -25,7 +25,9 @@
 #                  ours at N=2540 with --mem-fraction-static 0.707 (session 11: ours at 3227 and
 #                  SGLang's default fraction ran out of activation memory in the decode logits);
 #                  FIT2_SIDES=stock|ours runs one side (one call each, same warm machine)
-#   decode_fixed   GDN and Nano-9B decode with the same fixed pools on both sides
+#   decode_fixed   GDN and Nano-9B decode with the same fixed pools on both sides (DECODE_MODELS=gdn|nano9b
+#                  for one model per call)
+#   spec256        GDN spec at concurrency 256 and 128 vs stock spec, fixed pools
 #   aime           AIME parity runner end to end on the tiny Qwen3-Next    [.aime_data .tiny]
 #
 # Each step logs to $OUT/<step>.log, packs its result folder as $OUT/<step>.tgz (report.md beside
@@ -170,14 +172,32 @@ step_spec_fit2() {
 }
 
 step_decode_fixed() {
+  # DECODE_MODELS (default "gdn nano9b") share the time left evenly; on a fresh machine give each
+  # model its own call (session 15: the first stock server took 184 s to start and a half budget
+  # left no time for ours).
   env_ready
-  local half=$(( ($(left) - 30) / 2 ))
-  run "${BENCH[@]}" --model gdn --study decode --only stock,ours --concurrency 1,128,256 \
-    --server-args="--max-mamba-cache-size 1300 --max-running-requests 256" \
-    --out /tmp/b4 --pack "$OUT/decode_fixed_gdn.tgz" --time-budget "$half"
-  run "${BENCH[@]}" --model nano9b --study decode --only stock,ours --concurrency 1,128,256 \
-    --server-args="--max-mamba-cache-size 600 --max-running-requests 128" \
-    --out /tmp/b5 --pack "$OUT/decode_fixed_nano9b.tgz" --time-budget $(( $(left) - 30 ))
+  local models=(${DECODE_MODELS:-gdn nano9b}) m k=0 flags
+  for m in "${models[@]}"; do
+    case $m in
+      gdn) flags="--max-mamba-cache-size 1300 --max-running-requests 256" ;;
+      nano9b) flags="--max-mamba-cache-size 600 --max-running-requests 128" ;;
+      *) echo "DECODE_MODELS: gdn and/or nano9b, got $m" >&2; return 2 ;;
+    esac
+    k=$(( k + 1 ))
+    run "${BENCH[@]}" --model "$m" --study decode --only stock,ours --concurrency 1,128,256 \
+      --server-args="$flags" --out "/tmp/b_decode_$m" --pack "$OUT/decode_fixed_$m.tgz" \
+      --time-budget $(( ($(left) - 30) / (${#models[@]} - k + 1) ))
+  done
+}
+
+step_spec256() {
+  # GDN spec decode at concurrency 256 and 128 against stock spec (target 1.8x at 256; the first
+  # runs' 0.960x predates the draft-runner fix), the same fixed pools on both sides (stock's slots
+  # also carry intermediate_ssm).
+  env_ready
+  run "${BENCH[@]}" --model gdn --study spec --only stock,ours --concurrency 256,128 \
+    --server-args="--max-mamba-cache-size 600 --max-running-requests 256" \
+    --out /tmp/b_spec256 --pack "$OUT/spec256.tgz" --time-budget $(( $(left) - 30 ))
 }
 
 step_aime() {
@@ -187,7 +207,7 @@ step_aime() {
     --time-budget $(( $(left) - 30 ))
 }
 
-STEPS=(install kernels m2_profile m2_sweep gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 spec_fit spec_fit2 decode_fixed aime)
+STEPS=(install kernels m2_profile m2_sweep gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
 [ $# -gt 0 ] || { echo "usage: $0 STEP [STEP ...]; steps: ${STEPS[*]}" >&2; exit 2; }
 for s in "$@"; do
   [[ " ${STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s; steps: ${STEPS[*]}" >&2; exit 2; }
