@@ -112,6 +112,21 @@ def n_after_mem_step(n: int, prediction: dict, gpu_gb: float | None, step: float
     return max(1, n - int(math.ceil(step * gpu_gb * 1024 / (slot + kv))))
 
 
+def relaunch_n(n: int, facts: dict | None, prediction: dict, gpu_gb: float | None, step: float,
+               tokens_per_request: int) -> tuple[int, dict]:
+    """N for the relaunch after a launch at n ran out of memory under its load, and the prediction
+    it used. The crashed launch's own pools (`facts`) give the N where its slots and KV balance;
+    the relaunch asks for that N less what `step` of the GPU held, and never for more than n. Without
+    such facts, `n_after_mem_step` on the side's prediction (session 14: a --start-n launch kept
+    N=2857 at the lower fraction and its KV cache then held only 1346 requests)."""
+    try:
+        own = predict_fit(memory_split(facts or {}), tokens_per_request)
+    except (ValueError, ZeroDivisionError, TypeError):
+        return n_after_mem_step(n, prediction, gpu_gb, step), prediction
+    own["source"] = "the crashed launch's pools"
+    return min(n, n_after_mem_step(own["n"], own, gpu_gb, step)), own
+
+
 _GPU_GB_RE = re.compile(r"Load weight begin\. avail mem=([0-9.]+) GB")
 
 
@@ -350,7 +365,8 @@ def probe_side(a, model: dict, side: str, out: Path, end_time, id_range: tuple[i
         res.setdefault("crashed_loads", []).append(
             {k: rec.get(k) for k in ("n", "mem_fraction_static", "crash", "admitted", "reached", "log")})
         mf = round(rec["mem_fraction_static"] - a.oom_mem_step, 3)
-        n = n_after_mem_step(n, res.get("prediction") or {}, rec.get("gpu_gb"), a.oom_mem_step)
+        n, used = relaunch_n(n, rec.get("facts"), res.get("prediction") or {}, rec.get("gpu_gb"), a.oom_mem_step, tpr)
+        res["crashed_loads"][-1]["relaunch"] = dict(n=n, mem_fraction_static=mf, source=used.get("source"))
         retry = _launch(a, model, side, n, out, end_time, id_range, extra_args=f"--mem-fraction-static {mf}")
         if retry.get("error"):
             res.setdefault("failed_launches", []).append(dict(n=n, error=retry["error"], log_tail=retry.get("log_tail")))
@@ -393,7 +409,9 @@ def markdown(result: dict) -> str:
         for c in r.get("crashed_loads") or []:
             lines.append(f"\n{side}: at N={c['n']} with mem fraction {c['mem_fraction_static']} the server admitted "
                          f"{c['admitted']} requests and crashed under them: `{(c['crash'] or '')[:200]}` "
-                         f"(relaunched with --mem-fraction-static lowered by the --oom-mem-step)\n")
+                         + (f"(relaunched at N={c['relaunch']['n']} with --mem-fraction-static "
+                            f"{c['relaunch']['mem_fraction_static']}, N from {c['relaunch']['source'] or 'the launch'})\n"
+                            if c.get("relaunch") else "(relaunched with --mem-fraction-static lowered by the --oom-mem-step)\n"))
         if r.get("crash"):
             lines.append(f"\n{side}: **the server crashed under the load** after admitting {r.get('admitted')} "
                          f"requests: `{r['crash'][:200]}`\n")

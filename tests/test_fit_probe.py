@@ -276,3 +276,31 @@ def test_a_relaunch_with_less_memory_asks_for_fewer_requests():
     assert fp.n_after_mem_step(3227, {"n": 3227, "source": "--start-n"}, 139.09, 0.1) == 3227
     assert fp.n_after_mem_step(3227, pred, None, 0.1) == 3227
     assert fp.n_after_mem_step(10, pred, 139.09, 0.1) == 1
+
+
+# session 15, ours at N=2540 and --mem-fraction-static 0.707 on the H200 (the pool lines of its log)
+H200_OURS_0707_LOG = """\
+[2026-12-02 00:13:23] Load weight begin. avail mem=139.09 GB
+[2026-12-02 00:13:24] Mamba Cache is allocated. max_mamba_cache_size: 2540, conv_state size: 1.40GB, ssm_state size: 59.55GB 
+[2026-12-02 00:13:24] ReplaySSM pool (gdn, 12 SSM layers, ring_len=16, rings in bfloat16): per slot checkpoint 24.00 MiB + rings 5.30 MiB + cursors 8 B; 2541 slots: checkpoints 59.555 GiB, rings 13.144 GiB; speculative: no per-draft state snapshots (the rings replace them), conv windows 2.792 GiB
+[2026-12-02 00:13:24] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 2008787, K size: 7.66 GB, V size: 7.66 GB
+[2026-12-02 00:13:24] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 2008787, K size: 1.92 GB, V size: 1.92 GB
+[2026-12-02 00:13:51] max_total_num_tokens=2008787, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=2540, context_len=32768, available_gpu_mem=35.51 GB
+"""
+
+
+def test_a_relaunch_balances_n_from_the_crashed_launchs_own_pools():
+    facts = bs.parse_server_facts(H200_OURS_0707_LOG)
+    tpr = 512 + 256 + 4
+    own = fp.predict_fit(fp.memory_split(facts), tpr)
+    assert own["n"] == 2552  # where this launch's slots and KV balance (it served 2540 at once)
+    step_requests = math.ceil(0.1 * 139.09 * 1024 / (own["slot_mib"] + own["kv_mib_per_request"]))
+    # a --start-n launch above the balance (no calibrated prediction): the relaunch drops to the
+    # balance less what 0.1 of the GPU held, not just N less that
+    n, used = fp.relaunch_n(2857, facts, {"n": 2857, "source": "--start-n"}, 139.09, 0.1, tpr)
+    assert n == 2552 - step_requests and used["source"] == "the crashed launch's pools"
+    # a launch below the balance keeps its N when the lower fraction still holds it
+    assert fp.relaunch_n(1500, facts, {}, 139.09, 0.1, tpr)[0] == 1500
+    # no pool lines in the log: the side's prediction as before
+    pred = {"slot_mib": 30.99, "kv_mib_per_request": 7.54}
+    assert fp.relaunch_n(3227, {}, pred, 139.09, 0.1, tpr) == (3227 - 370, pred)
