@@ -6,12 +6,16 @@ Times, with CUDA graphs, one launch of: SGLang's packed decode and single-token 
 with `--ceiling` a plain streaming read of the whole state (`read_ceiling.py`);
 our decode on a non-flush step at several ring fills and on a flush step, for each output-path
 variant (warp reductions vs tf32x3 tensor-core dots); the exact fold at several lengths; the
-verify kernel at several launch configs. Prints registers and spills of each compiled variant.
+verify (T=4) at several launch configs and ring fills, and for the two-launch verify (products 4,
+the default) each of its launches alone (`_prep` / `_state`: the other one skipped), so a spec
+step's time splits into window algebra, the pass over the state, and the commit fold. Prints
+registers and spills of each compiled variant.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -23,7 +27,35 @@ from bench_kernels import DECODE_CONFIGS, fill_rings_randn, phase_timer  # noqa:
 from read_ceiling import read_ceiling  # noqa: E402
 
 
-def main():
+class _Skipped:
+    """Stands in for a Triton kernel: `kernel[grid](...)` launches nothing."""
+
+    def __getitem__(self, grid):
+        return lambda *a, **k: None
+
+
+@contextlib.contextmanager
+def only_verify_launch(ver_mod, which: str):
+    """Run only one launch of the two-launch verify: "prep" or "state"."""
+    names = {"prep": "_gdn_verify_state_kernel", "state": "_gdn_verify_prep_kernel"}
+    skip = names[which]
+    orig = getattr(ver_mod, skip)
+    setattr(ver_mod, skip, _Skipped())
+    try:
+        yield
+    finally:
+        setattr(ver_mod, skip, orig)
+
+
+def _plans(text: str, arity: tuple[int, ...], flag: str) -> tuple[tuple[int, ...], ...]:
+    out = tuple(tuple(int(x) for x in c.split("x")) for c in text.split(",") if c)
+    bad = [c for c in out if len(c) not in arity]
+    if bad:
+        raise SystemExit(f"{flag}: each plan is {' or '.join(map(str, arity))} x-separated numbers, got {bad}")
+    return out
+
+
+def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--hv", type=int, default=32)
@@ -34,9 +66,20 @@ def main():
                    help="comma-separated GDN decode plans, each 7 x-separated numbers as in REPLAYSSM_CONFIG's "
                         "gdn_decode (default: bench_kernels.DECODE_CONFIGS)")
     p.add_argument("--no-verify", action="store_true", help="skip the verify launches")
-    args = p.parse_args()
-    decode_configs = (tuple(tuple(int(x) for x in c.split("x")) for c in args.decode_configs.split(","))
-                      if args.decode_configs else DECODE_CONFIGS)
+    p.add_argument("--verify-configs", default="16x1x2x4,8x1x2x4,32x1x2x4",
+                   help="GDN verify plans BVxWARPSxSTAGESxPRODUCTS as in REPLAYSSM_CONFIG's gdn_verify (default: "
+                        "the default two-launch plan and its 8/32-column tiles; the one-launch plans of run 3 "
+                        "were 32x1x2x0,32x2x2x0,32x1x2x1,...)")
+    p.add_argument("--verify-fills", default="0,8,12", help="committed ring entries before the T=4 window")
+    p.add_argument("--fold-lens", default="4,12,15", help="entries replayed by the timed commit folds")
+    p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # tests: cpu + TRITON_INTERPRET
+    p.add_argument("--dims", type=int, nargs=4, metavar=("H", "HV", "K", "V"), help=argparse.SUPPRESS)  # tests
+    args = p.parse_args(argv)
+    decode_configs = _plans(args.decode_configs, (7,), "--decode-configs") if args.decode_configs else DECODE_CONFIGS
+    verify_configs = () if args.no_verify else _plans(args.verify_configs, (3, 4), "--verify-configs")
+    verify_fills = [int(x) for x in args.verify_fills.split(",") if x]
+    if any(not 0 <= f <= args.ring_len - 4 for f in verify_fills):
+        raise SystemExit(f"--verify-fills: each in 0..ring_len-4 (the window must fit), got {verify_fills}")
 
     from sglang.kernels.ops.attention.fla.fused_recurrent import fused_recurrent_gated_delta_rule_packed_decode
     from sglang.kernels.ops.attention.fla.fused_sigmoid_gating_recurrent import (
@@ -48,8 +91,9 @@ def main():
     from replayssm_kernels.gdn import decode as dec_mod
     from replayssm_kernels.gdn import verify as ver_mod
 
-    dev, act = "cuda", torch.bfloat16
-    B, H, HV, K, V, L, T = args.batch, 16, args.hv, 128, 128, args.ring_len, 4
+    dev, act = args.device, torch.bfloat16
+    H, HV, K, V = args.dims or (16, args.hv, 128, 128)
+    B, L, T = args.batch, args.ring_len, 4
     A_log = (torch.rand(HV, device=dev) * 0.9 + 0.05).log()
     dt_bias = torch.randn(HV, device=dev) - 1.0
     state = torch.randn(B, HV, V, K, device=dev) * 0.1
@@ -92,24 +136,29 @@ def main():
                 row_fl = torch.ones(B, dtype=torch.int32, device=dev)
                 t(f"decode_flush_{name}_wp{wp}", lambda: gdn_replay_decode(
                     q, k, v, a, b, A_log, dt_bias, state, rings, slots, row_wp, row_fl, origin, out=o2))
-    for n in (4, 15):
+    for n in (int(x) for x in args.fold_lens.split(",") if x):
         nf = torch.full((B,), n, dtype=torch.int32, device=dev)
         t(f"ours_fold_n{n}", lambda: gdn_replay_fold(state, rings, slots, nf, origin))
-    # verify at fill 8
-    wpos = torch.full((B,), 8, dtype=torch.int32, device=dev)
     qs = torch.randn(B, T, H, K, device=dev, dtype=act)
     ks = torch.randn(B, T, H, K, device=dev, dtype=act)
     vs = torch.randn(B, T, HV, V, device=dev, dtype=act)
     as_ = torch.randn(B, T, HV, device=dev, dtype=act)
     bs_ = torch.randn(B, T, HV, device=dev, dtype=act)
     ov = torch.empty(B, T, HV, V, device=dev, dtype=act)
-    verify_cfgs = () if args.no_verify else (
-        (32, 1, 2, 0), (32, 2, 2, 0), (32, 1, 2, 1), (32, 1, 2, 2), (32, 2, 2, 2), (32, 4, 2, 2),
-        (64, 2, 2, 2), (64, 4, 2, 2), (128, 4, 2, 2), (128, 8, 2, 2))
-    for cfg in verify_cfgs:
+    for cfg in verify_configs:
+        name = "x".join(map(str, cfg))
         with override("gdn_verify", cfg):
-            t("ours_verify_T4_wp8_" + "x".join(map(str, cfg)), lambda: gdn_replay_verify(
-                qs, ks, vs, as_, bs_, A_log, dt_bias, state, rings, slots, wpos, origin, out=ov))
+            for fill in verify_fills:
+                wpos = torch.full((B,), fill, dtype=torch.int32, device=dev)
+
+                def verify():
+                    gdn_replay_verify(qs, ks, vs, as_, bs_, A_log, dt_bias, state, rings, slots, wpos, origin,
+                                      out=ov)
+                t(f"ours_verify_T4_wp{fill}_{name}", verify)
+                if len(cfg) == 4 and cfg[3] == 4:  # the two-launch verify: each launch alone
+                    for which in ("prep", "state"):
+                        with only_verify_launch(ver_mod, which):
+                            t(f"ours_verify_T4_wp{fill}_{name}_{which}", verify)
     inter = torch.empty(B + 1, T, HV, V, K, device=dev)
     cu = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=dev)
     t("sglang_verify_T4_intermediate", lambda: fused_sigmoid_gating_delta_rule_update(
@@ -124,10 +173,12 @@ def main():
     except Exception as e:  # diagnostics only: report why registers could not be read
         regs["error"] = repr(e)
     print(json.dumps({"times_us": res, "regs_spills_warps_smem": regs}))
+    return res
 
 
 def _collect_regs(regs, dec_mod, ver_mod):
-    for kern in (dec_mod._gdn_decode_kernel, ver_mod._gdn_verify_kernel, ver_mod._gdn_verify_mm_kernel):
+    for kern in (dec_mod._gdn_decode_kernel, ver_mod._gdn_verify_kernel, ver_mod._gdn_verify_mm_kernel,
+                 ver_mod._gdn_verify_prep_kernel, ver_mod._gdn_verify_state_kernel):
         for dev_cache in kern.device_caches.values():
             for i, ck in enumerate(dev_cache[0].values()):
                 ck._init_handles()
