@@ -11,7 +11,8 @@
 # Writes $OUT/{kernel_tests.log, profile_gdn.log, bench.log, bench.json}; prints the tables last.
 # Parts: tests | profile | bench | m2profile (default: the first three; m2profile: the Mamba-2
 # per-phase profile, $OUT/profile_m2.{log,json}; M2PROFILE_ARGS adds flags).
-# Env: BENCH_ARGS (extra bench_kernels.py flags, e.g. "--sweep" or "--family gdn"),
+# Env: GDNPROFILE_ARGS / GDNPROFILE_TIMEOUT (extra profile_gdn_phases.py flags, seconds; default 150),
+#      BENCH_ARGS (extra bench_kernels.py flags, e.g. "--sweep" or "--family gdn"),
 #      BENCH_TIMEOUT (seconds for the benchmark, default 540).
 set -uo pipefail
 OUT=${OUT:-/tmp/kernels_out}
@@ -31,7 +32,8 @@ if has tests; then
   echo "kernel tests rc=$? ($(tail -1 "$OUT/kernel_tests.log"))"
 fi
 if has profile; then
-  timeout 150 python3 scripts/profile_gdn_phases.py --batch 256 --ceiling > "$OUT/profile_gdn.log" 2>&1
+  timeout "${GDNPROFILE_TIMEOUT:-150}" python3 scripts/profile_gdn_phases.py --batch 256 --ceiling ${GDNPROFILE_ARGS:-} \
+    > "$OUT/profile_gdn.log" 2>&1
   echo "profile rc=$?"; tail -1 "$OUT/profile_gdn.log" | cut -c1-2000
 fi
 if has m2profile; then

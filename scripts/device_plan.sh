@@ -10,6 +10,7 @@
 #   m2_profile     Mamba-2 decode per phase (non-flush / flush step) per plan and unroll  [.whl]
 #   m2_sweep       Mamba-2 decode plans (split plans, chunked tiles) and verify tiles vs SGLang's
 #                  SSU paths, kernel benchmark  [.whl]
+#   gdn_profile    GDN per phase at batch 256: verify launches alone, commit folds, decode plan 3  [.whl]
 #   gdn_sweep      GDN launch plans and the exact replay's unroll depths vs SGLang's kernels  [.whl]
 #   e2e320         Nemotron-H + NEXTN parity at 320 running requests      [.whl2 .tiny]
 #   e2e_dispatch   GDN decode plan 3 and the ring decode from 64 rows: the 32-prompt cases (ring at
@@ -80,6 +81,14 @@ step_m2_profile() {
   # Where a Mamba-2 decode ring cycle goes at the Super shape, batch 256: non-flush and flush steps
   # per plan and replay unroll depth, and each launch of the split plans alone.
   run env OUT="$OUT/m2_profile" M2PROFILE_TIMEOUT=$(( $(left) - 15 )) bash scripts/device_kernels.sh m2profile
+}
+
+step_gdn_profile() {
+  # Where a GDN spec step goes at batch 256 (verify + commit 1.57x, target 3x): the default
+  # two-launch verify at ring fills 0/8/12 with its prep and state launches each timed alone, the
+  # commit fold at 4/12/15 entries, the default decode plan, and a plain read of the state.
+  run env OUT="$OUT/gdn_profile" GDNPROFILE_TIMEOUT=$(( $(left) - 15 )) \
+    GDNPROFILE_ARGS="--decode-configs 3x16x1x3x8x0x1 --reps 15" bash scripts/device_kernels.sh profile
 }
 
 step_gdn_sweep() {
@@ -207,7 +216,7 @@ step_aime() {
     --time-budget $(( $(left) - 30 ))
 }
 
-STEPS=(install kernels m2_profile m2_sweep gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
+STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
 [ $# -gt 0 ] || { echo "usage: $0 STEP [STEP ...]; steps: ${STEPS[*]}" >&2; exit 2; }
 for s in "$@"; do
   [[ " ${STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s; steps: ${STEPS[*]}" >&2; exit 2; }

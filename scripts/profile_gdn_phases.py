@@ -55,7 +55,8 @@ def _plans(text: str, arity: tuple[int, ...], flag: str) -> tuple[tuple[int, ...
     return out
 
 
-def main(argv=None):
+def parse_args(argv=None):
+    """The profiler's flags, checked (no GPU, no SGLang import)."""
     p = argparse.ArgumentParser()
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--hv", type=int, default=32)
@@ -75,11 +76,19 @@ def main(argv=None):
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # tests: cpu + TRITON_INTERPRET
     p.add_argument("--dims", type=int, nargs=4, metavar=("H", "HV", "K", "V"), help=argparse.SUPPRESS)  # tests
     args = p.parse_args(argv)
-    decode_configs = _plans(args.decode_configs, (7,), "--decode-configs") if args.decode_configs else DECODE_CONFIGS
-    verify_configs = () if args.no_verify else _plans(args.verify_configs, (3, 4), "--verify-configs")
-    verify_fills = [int(x) for x in args.verify_fills.split(",") if x]
-    if any(not 0 <= f <= args.ring_len - 4 for f in verify_fills):
-        raise SystemExit(f"--verify-fills: each in 0..ring_len-4 (the window must fit), got {verify_fills}")
+    args.decode_plans = (_plans(args.decode_configs, (7,), "--decode-configs") if args.decode_configs
+                         else DECODE_CONFIGS)
+    args.verify_plans = () if args.no_verify else _plans(args.verify_configs, (3, 4), "--verify-configs")
+    args.fills = [int(x) for x in args.verify_fills.split(",") if x]
+    if any(not 0 <= f <= args.ring_len - 4 for f in args.fills):
+        raise SystemExit(f"--verify-fills: each in 0..ring_len-4 (the window must fit), got {args.fills}")
+    args.folds = [int(x) for x in args.fold_lens.split(",") if x]
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    decode_configs, verify_configs, verify_fills = args.decode_plans, args.verify_plans, args.fills
 
     from sglang.kernels.ops.attention.fla.fused_recurrent import fused_recurrent_gated_delta_rule_packed_decode
     from sglang.kernels.ops.attention.fla.fused_sigmoid_gating_recurrent import (
@@ -136,7 +145,7 @@ def main(argv=None):
                 row_fl = torch.ones(B, dtype=torch.int32, device=dev)
                 t(f"decode_flush_{name}_wp{wp}", lambda: gdn_replay_decode(
                     q, k, v, a, b, A_log, dt_bias, state, rings, slots, row_wp, row_fl, origin, out=o2))
-    for n in (int(x) for x in args.fold_lens.split(",") if x):
+    for n in args.folds:
         nf = torch.full((B,), n, dtype=torch.int32, device=dev)
         t(f"ours_fold_n{n}", lambda: gdn_replay_fold(state, rings, slots, nf, origin))
     qs = torch.randn(B, T, H, K, device=dev, dtype=act)
