@@ -47,11 +47,13 @@ def only_verify_launch(ver_mod, which: str):
         setattr(ver_mod, skip, orig)
 
 
-def _plans(text: str, arity: tuple[int, ...], flag: str) -> tuple[tuple[int, ...], ...]:
-    out = tuple(tuple(int(x) for x in c.split("x")) for c in text.split(",") if c)
-    bad = [c for c in out if len(c) not in arity]
-    if bad:
-        raise SystemExit(f"{flag}: each plan is {' or '.join(map(str, arity))} x-separated numbers, got {bad}")
+def _plans(text: str, name: str, flag: str) -> tuple[tuple[int, ...], ...]:
+    """Comma-separated plans of tunable `name`, checked as REPLAYSSM_CONFIG's entries are."""
+    from replayssm_kernels.configs import parse_plan
+
+    out = tuple(parse_plan(name, c) for c in text.split(",") if c)
+    if any(c is None for c in out):
+        raise SystemExit(f"{flag}: each plan is a {name} entry of REPLAYSSM_CONFIG (x-separated numbers), got {text!r}")
     return out
 
 
@@ -76,9 +78,9 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # tests: cpu + TRITON_INTERPRET
     p.add_argument("--dims", type=int, nargs=4, metavar=("H", "HV", "K", "V"), help=argparse.SUPPRESS)  # tests
     args = p.parse_args(argv)
-    args.decode_plans = (_plans(args.decode_configs, (7,), "--decode-configs") if args.decode_configs
+    args.decode_plans = (_plans(args.decode_configs, "gdn_decode", "--decode-configs") if args.decode_configs
                          else DECODE_CONFIGS)
-    args.verify_plans = () if args.no_verify else _plans(args.verify_configs, (3, 4), "--verify-configs")
+    args.verify_plans = () if args.no_verify else _plans(args.verify_configs, "gdn_verify", "--verify-configs")
     args.fills = [int(x) for x in args.verify_fills.split(",") if x]
     if any(not 0 <= f <= args.ring_len - 4 for f in args.fills):
         raise SystemExit(f"--verify-fills: each in 0..ring_len-4 (the window must fit), got {args.fills}")

@@ -23,17 +23,24 @@ _OVERRIDE_ARITY = {"gdn_decode": (7,), "gdn_verify": (3, 4), "gdn_fold_cols": (1
                    "gdn_k_tree": (1,)}
 
 
+def parse_plan(name: str, text: str) -> tuple[int, ...] | None:
+    """`text` ("16x1x2x4") as the numbers of tunable `name`, or None when it does not parse or has
+    the wrong count for that tunable (or `name` is not one)."""
+    try:
+        nums = tuple(int(x) for x in text.strip().split("x"))
+    except ValueError:
+        return None
+    return nums if len(nums) in _OVERRIDE_ARITY.get(name, ()) else None
+
+
 def _env_overrides() -> None:
     """`REPLAYSSM_CONFIG="gdn_verify=16x1x2x4,gdn_decode=2x16x1x3x32x0x1,gdn_ring_min_batch=1"`
     (sweeps, GPU tests, and users who want another dispatch)."""
     for item in filter(None, os.environ.get("REPLAYSSM_CONFIG", "").split(",")):
         name, _, val = item.partition("=")
         name = name.strip()
-        try:
-            nums = tuple(int(x) for x in val.strip().split("x"))
-        except ValueError:
-            nums = ()
-        if name not in _OVERRIDE_ARITY or len(nums) not in _OVERRIDE_ARITY[name]:
+        nums = parse_plan(name, val)
+        if nums is None:
             raise ValueError(
                 f"REPLAYSSM_CONFIG: bad entry {item!r}; expected name=NxN... with name one of "
                 f"{sorted(_OVERRIDE_ARITY)} (see replayssm_kernels/configs.py); fix or unset REPLAYSSM_CONFIG"

@@ -140,7 +140,7 @@ def gdn_replay_fold(
         row_nfold, row_origin = cursors
     grid = (triton.cdiv(V, BV) * B * HV, Lm)
     tree = gdn_k_tree(K)
-    ring_key = rings.k if tree else rings.rawk  # tree form: the normalised keys (gdn/common.py)
+    ring_key = rings.replay_keys(tree)
     _gdn_fold_kernel[grid](
         state, out, rings.rawv, ring_key, rings.g, rings.beta,
         slot_idx, dst_idx if has_dst else slot_idx, row_nfold, row_origin,

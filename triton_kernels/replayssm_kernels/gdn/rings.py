@@ -52,6 +52,11 @@ class GDNRings:
             return self
         return GDNRings(**{f.name: getattr(self, f.name).unsqueeze(0) for f in fields(self)})
 
+    def replay_keys(self, tree: bool) -> torch.Tensor:
+        """The key ring the exact replay reads: raw pre-norm keys, or in the tree form
+        (`configs.gdn_k_tree`) the normalised `k` ring, written in the baseline's order."""
+        return self.k if tree else self.rawk
+
     def tensors(self) -> list[torch.Tensor]:
         return [getattr(self, f.name) for f in fields(self)]
 

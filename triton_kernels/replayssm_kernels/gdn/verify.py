@@ -311,7 +311,7 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
     if flush_cols and num_warps != 1 and not tree:
         raise ValueError("the exact decode path in the state launch needs one warp (the plain form's "
                          "sums follow the layout); use num_warps=1 or the tree form (REPLAYSSM_CONFIG=gdn_k_tree=1)")
-    ring_fk = rings.k if tree else rings.rawk
+    ring_fk = rings.replay_keys(tree)
     _gdn_verify_prep_kernel[(B * H,)](
         q, k, a, b, A_log, dt_bias, rings.k, rings.g, rings.rawk, rings.beta,
         slot_idx, wpos, origin, scratch, rows[0], rows[1],
@@ -319,7 +319,7 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
         T,
         *sq, *sk, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         rings.k.stride(0), rings.g.stride(0), rings.rawk.stride(0), rings.beta.stride(0),
-        H=H, HV=HV, K=K, BK=BK, BT=BT, RL=RL, RLB=RLB, NS=NS, ROWS=row_wp is not None, TREE=gdn_k_tree(K),
+        H=H, HV=HV, K=K, BK=BK, BT=BT, RL=RL, RLB=RLB, NS=NS, ROWS=row_wp is not None, TREE=tree,
         num_warps=4 if BK >= 128 else 2,
     )
     _gdn_verify_state_kernel[(triton.cdiv(V, BV) * B * HV,)](
