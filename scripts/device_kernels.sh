@@ -9,7 +9,7 @@
 # bench ~6-8 min.)
 # .whl is built by ../shared/devtools/sglang_device_wheels.sh (SGLang 0.5.17 for the baselines).
 # Writes $OUT/{kernel_tests.log, profile_gdn.log, bench.log, bench.json}; prints the tables last.
-# Parts: tests | profile | bench | m2profile (default: the first three; m2profile: the Mamba-2
+# Parts: tests | gdntests (GDN only) | profile | bench | m2profile (default: the first three; m2profile: the Mamba-2
 # per-phase profile, $OUT/profile_m2.{log,json}; M2PROFILE_ARGS adds flags).
 # Env: GDNPROFILE_ARGS / GDNPROFILE_TIMEOUT (extra profile_gdn_phases.py flags, seconds; default 150),
 #      BENCH_ARGS (extra bench_kernels.py flags, e.g. "--sweep" or "--family gdn"),
@@ -30,6 +30,10 @@ if has tests; then
   timeout 300 python3 -m pytest tests/test_gdn_kernels.py tests/test_mamba2_kernels.py -q -p no:cacheprovider \
     > "$OUT/kernel_tests.log" 2>&1
   echo "kernel tests rc=$? ($(tail -1 "$OUT/kernel_tests.log"))"
+fi
+if has gdntests; then
+  timeout 240 python3 -m pytest tests/test_gdn_kernels.py -q -p no:cacheprovider > "$OUT/gdn_tests.log" 2>&1
+  echo "gdn kernel tests rc=$? ($(tail -1 "$OUT/gdn_tests.log"))"
 fi
 if has profile; then
   timeout "${GDNPROFILE_TIMEOUT:-150}" python3 scripts/profile_gdn_phases.py --batch 256 --ceiling ${GDNPROFILE_ARGS:-} \

@@ -11,6 +11,8 @@
 #   m2_sweep       Mamba-2 decode plans (split plans, chunked tiles) and verify tiles vs SGLang's
 #                  SSU paths, kernel benchmark  [.whl]
 #   gdn_profile    GDN per phase at batch 256: verify launches alone, commit folds, decode plan 3  [.whl]
+#   gdn_kc         GDN kernel tests, then the state launch per K chunk (configs.gdn_state_kc 0/32/16) at
+#                  batch 256, then the GDN kernel benchmark at 256 and 64 rows  [.whl]
 #   gdn_sweep      GDN launch plans and the exact replay's unroll depths vs SGLang's kernels  [.whl]
 #   e2e320         Nemotron-H + NEXTN parity at 320 running requests      [.whl2 .tiny]
 #   e2e_dispatch   GDN decode plan 3 and the ring decode from 64 rows: the 32-prompt cases (ring at
@@ -89,6 +91,23 @@ step_gdn_profile() {
   # commit fold at 4/12/15 entries, the default decode plan, and a plain read of the state.
   run env OUT="$OUT/gdn_profile" GDNPROFILE_TIMEOUT=$(( $(left) - 15 )) \
     GDNPROFILE_ARGS="--decode-configs 3x16x1x3x8x0x1 --reps 15" bash scripts/device_kernels.sh profile
+}
+
+step_gdn_kc() {
+  # The chunked-K checkpoint tile of the GDN output-only state launch (configs.gdn_state_kc, new in
+  # session 16): the GDN kernel tests on the GPU with the new default, then the verify and decode
+  # phases at batch 256 per K chunk (0 = the whole K across the lanes, the old tile), then the
+  # kernel benchmark at batches 256 and 64 with the default.
+  run env OUT="$OUT/gdn_kc" bash scripts/device_kernels.sh gdntests
+  local kc
+  for kc in 0 32 16; do
+    run env OUT="$OUT/gdn_kc" REPLAYSSM_CONFIG="gdn_state_kc=$kc" GDNPROFILE_TIMEOUT=100 \
+      GDNPROFILE_ARGS="--decode-configs 3x16x1x3x8x0x1 --verify-configs 16x1x2x4,8x1x2x4 --verify-fills 0,8 --fold-lens 12 --reps 15" \
+      bash scripts/device_kernels.sh profile
+    [ "$DRY" = 1 ] || mv "$OUT/gdn_kc/profile_gdn.log" "$OUT/gdn_kc/profile_kc$kc.log"
+  done
+  run env OUT="$OUT/gdn_kc" BENCH_TIMEOUT=$(( $(left) - 15 )) BENCH_ARGS="--family gdn --batches 256,64" \
+    bash scripts/device_kernels.sh bench
 }
 
 step_gdn_sweep() {
@@ -216,7 +235,7 @@ step_aime() {
     --time-budget $(( $(left) - 30 ))
 }
 
-STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
+STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
 [ $# -gt 0 ] || { echo "usage: $0 STEP [STEP ...]; steps: ${STEPS[*]}" >&2; exit 2; }
 for s in "$@"; do
   [[ " ${STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s; steps: ${STEPS[*]}" >&2; exit 2; }

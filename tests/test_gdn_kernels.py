@@ -187,6 +187,18 @@ def test_gdn_verify_split(case, device, assert_within_baseline):
         test_gdn_verify_commit(*case, device, assert_within_baseline)
 
 
+@pytest.mark.parametrize("kc", [0, 8, 16])
+def test_gdn_state_tile_k_chunks(kc, device, assert_within_baseline):
+    """The output-only state launch with the checkpoint tile read whole along K (kc 0) or in
+    K chunks (configs.gdn_state_kc), for the verify and for the decode's non-flush rows."""
+    from replayssm_kernels.configs import override
+
+    case = next(c.values for c in VERIFY_CASES if c.id == "B2-K128-V128-L8-T4-bf16")
+    with override("gdn_state_kc", (kc,)):
+        test_gdn_verify_commit(*case, device, assert_within_baseline)
+        test_gdn_decode(2, 1, 2, 128, 128, 4, bf16, 6, device, assert_within_baseline)
+
+
 def test_gdn_fold_whole_tile(device, assert_within_baseline):
     """The fold replayed on the whole 32-column tile (configs.gdn_fold_cols; the default is 8)
     keeps the state exact too."""

@@ -20,7 +20,7 @@ _OVERRIDE_ARITY = {"gdn_decode": (7,), "gdn_verify": (3, 4), "gdn_fold_cols": (1
                    "mamba2_ring_min_batch": (1,), "mamba2_decode": (4,),
                    "mamba2_decode_tile": (3,), "mamba2_verify_tile": (3,), "mamba2_chunk_min_batch": (1,),
                    "mamba2_replay_unroll": (1,), "gdn_replay_unroll": (1,), "mamba2_ring_bc_min_batch": (1,),
-                   "gdn_k_tree": (1,)}
+                   "gdn_k_tree": (1,), "gdn_state_kc": (1,)}
 
 
 def parse_plan(name: str, text: str) -> tuple[int, ...] | None:
@@ -56,6 +56,8 @@ def describe() -> str:
         "gdn_verify=" + "x".join(map(str, gdn_verify_config(128, 128, 4))),
         f"gdn_fold_cols={gdn_fold_cols()}",
         f"gdn_replay_unroll={gdn_replay_unroll()} (ring entries per straight-line chunk of the exact replay)",
+        f"gdn_state_kc={gdn_state_kc(128)} (K chunk of the GDN output-only state tile; 0 = the whole K across "
+        "a warp's lanes)",
         f"gdn_k_tree={int(gdn_k_tree(128))} (K = 128: exact replay with the K sums written as the baseline's lane "
         "tree, gdn/common.py; 0 = the baseline's own expressions)",
         f"gdn_ring_min_batch={ring_min_batch('gdn')} (below: SGLang's packed decode on folded checkpoints; "
@@ -316,3 +318,20 @@ def gdn_fold_cols() -> int:
     if "gdn_fold_cols" in _OVERRIDES:
         return _OVERRIDES["gdn_fold_cols"][0]
     return 8
+
+
+# K chunk of the checkpoint tile in the output-only GDN state launch (verify, decode non-flush
+# rows; gdn/verify_split.py): the tile is read as [BV, BK // KC, KC], which gives a warp's lanes
+# KC // 4 keys and value rows for the rest, so the 2T K sums per tile take log2(KC / 4) shuffle
+# steps per few rows instead of 5 per row (ptxas on sm_90, T = 4, BV = 16: 1064 shuffles per
+# program at KC = BK, 392 at 32, 328 at 16). Outputs only: the exact replay is not affected.
+_GDN_STATE_KC = 32
+
+
+def gdn_state_kc(K: int) -> int:
+    """KC of the GDN state launch at this K (a power of two dividing the padded K; 0 = whole K)."""
+    kc = _OVERRIDES["gdn_state_kc"][0] if "gdn_state_kc" in _OVERRIDES else _GDN_STATE_KC
+    if kc < 0 or (kc & (kc - 1)):
+        raise ValueError(f"gdn_state_kc must be 0 or a power of two, got {kc} (REPLAYSSM_CONFIG)")
+    bk = _next_pow2(K)
+    return 0 if kc == 0 or kc >= bk else kc
