@@ -187,10 +187,11 @@ def test_gdn_verify_split(case, device, assert_within_baseline):
         test_gdn_verify_commit(*case, device, assert_within_baseline)
 
 
-@pytest.mark.parametrize("kc", [0, 8, 16])
+@pytest.mark.parametrize("kc", [0, 8, 32])
 def test_gdn_state_tile_k_chunks(kc, device, assert_within_baseline):
-    """The output-only state launch with the checkpoint tile read whole along K (kc 0) or in
-    K chunks (configs.gdn_state_kc), for the verify and for the decode's non-flush rows."""
+    """The output-only state launch with the checkpoint tile read whole along K (kc 0, the
+    decode's default) or in K chunks (configs.gdn_state_kc; 32 is the verify's default), for the
+    verify and for the decode's non-flush rows."""
     from replayssm_kernels.configs import override
 
     case = next(c.values for c in VERIFY_CASES if c.id == "B2-K128-V128-L8-T4-bf16")
@@ -466,3 +467,18 @@ def test_gdn_replay_unroll_depths_are_exact(unroll, device, assert_within_baseli
         test_gdn_verify_commit(3, 2, 4, 32, 16, 16, 4, bf16, 24, device, assert_within_baseline)
         test_gdn_fold_snapshot_at_track_step(device)
     assert gdn_replay_unroll() == 1
+
+
+def test_gdn_state_kc_config():
+    """gdn_state_kc: verify 32 / decode 0 by default; one number sets both, NxM verify x decode;
+    a chunk at least the padded K means the whole K; a chunk that is not a power of two is refused."""
+    from replayssm_kernels.configs import gdn_state_kc, override
+
+    assert (gdn_state_kc(128, decode=False), gdn_state_kc(128, decode=True)) == (32, 0)
+    assert gdn_state_kc(32, decode=False) == 0 and gdn_state_kc(48, decode=False) == 32
+    with override("gdn_state_kc", (16,)):
+        assert (gdn_state_kc(128, decode=False), gdn_state_kc(128, decode=True)) == (16, 16)
+    with override("gdn_state_kc", (8, 32)):
+        assert (gdn_state_kc(128, decode=False), gdn_state_kc(128, decode=True)) == (8, 32)
+    with override("gdn_state_kc", (24,)), pytest.raises(ValueError, match="REPLAYSSM_CONFIG"):
+        gdn_state_kc(128, decode=False)

@@ -20,7 +20,7 @@ _OVERRIDE_ARITY = {"gdn_decode": (7,), "gdn_verify": (3, 4), "gdn_fold_cols": (1
                    "mamba2_ring_min_batch": (1,), "mamba2_decode": (4,),
                    "mamba2_decode_tile": (3,), "mamba2_verify_tile": (3,), "mamba2_chunk_min_batch": (1,),
                    "mamba2_replay_unroll": (1,), "gdn_replay_unroll": (1,), "mamba2_ring_bc_min_batch": (1,),
-                   "gdn_k_tree": (1,), "gdn_state_kc": (1,)}
+                   "gdn_k_tree": (1,), "gdn_state_kc": (1, 2)}
 
 
 def parse_plan(name: str, text: str) -> tuple[int, ...] | None:
@@ -56,8 +56,8 @@ def describe() -> str:
         "gdn_verify=" + "x".join(map(str, gdn_verify_config(128, 128, 4))),
         f"gdn_fold_cols={gdn_fold_cols()}",
         f"gdn_replay_unroll={gdn_replay_unroll()} (ring entries per straight-line chunk of the exact replay)",
-        f"gdn_state_kc={gdn_state_kc(128)} (K chunk of the GDN output-only state tile; 0 = the whole K across "
-        "a warp's lanes)",
+        f"gdn_state_kc={gdn_state_kc(128, False)}x{gdn_state_kc(128, True)} (K chunk of the GDN output-only "
+        "state tile, verify x decode; 0 = the whole K across a warp's lanes)",
         f"gdn_k_tree={int(gdn_k_tree(128))} (K = 128: exact replay with the K sums written as the baseline's lane "
         "tree, gdn/common.py; 0 = the baseline's own expressions)",
         f"gdn_ring_min_batch={ring_min_batch('gdn')} (below: SGLang's packed decode on folded checkpoints; "
@@ -320,18 +320,26 @@ def gdn_fold_cols() -> int:
     return 8
 
 
-# K chunk of the checkpoint tile in the output-only GDN state launch (verify, decode non-flush
-# rows; gdn/verify_split.py): the tile is read as [BV, BK // KC, KC], which gives a warp's lanes
-# KC // 4 keys and value rows for the rest, so the 2T K sums per tile take log2(KC / 4) shuffle
-# steps per few rows instead of 5 per row (ptxas on sm_90, T = 4, BV = 16: 1064 shuffles per
-# program at KC = BK, 392 at 32, 328 at 16). Outputs only: the exact replay is not affected.
-_GDN_STATE_KC = 32
+# K chunk of the checkpoint tile in the output-only GDN state launch (gdn/verify_split.py), for
+# the spec verify and for the decode's non-flush rows: the tile is read as [BV, BK // KC, KC],
+# which gives a warp's lanes KC // 4 keys and value rows for the rest, so the K sums take
+# log2(KC / 4) shuffle steps per few rows instead of 5 per row (ptxas on sm_90, T = 4, BV = 16:
+# 1064 shuffles per program with the whole K, 392 at KC = 32). H200, 2026-12-02 (docs/perf.md
+# run 9, batch 256, HV = 32): verify state launch 384 -> 339 us (KC 32; 338 at 16), verify +
+# commit 1.57x -> 1.76x of SGLang's; the decode step was not faster (non-flush 153-179 us vs
+# 157-189, and the flush rows' exact branch in the same launch 794 -> 873 us), so the decode keeps
+# the whole-K tile. Outputs only: the exact replay is not affected.
+_GDN_STATE_KC = {"verify": 32, "decode": 0}
 
 
-def gdn_state_kc(K: int) -> int:
-    """KC of the GDN state launch at this K (a power of two dividing the padded K; 0 = whole K)."""
-    kc = _OVERRIDES["gdn_state_kc"][0] if "gdn_state_kc" in _OVERRIDES else _GDN_STATE_KC
+def gdn_state_kc(K: int, decode: bool) -> int:
+    """KC of the GDN state launch at this K for the verify or the decode's non-flush rows (a
+    power of two; 0 = the whole K). REPLAYSSM_CONFIG gdn_state_kc=N sets both, =NxM verify x decode."""
+    if "gdn_state_kc" in _OVERRIDES:
+        nums = _OVERRIDES["gdn_state_kc"]
+        kc = nums[-1] if decode and len(nums) > 1 else nums[0]
+    else:
+        kc = _GDN_STATE_KC["decode" if decode else "verify"]
     if kc < 0 or (kc & (kc - 1)):
-        raise ValueError(f"gdn_state_kc must be 0 or a power of two, got {kc} (REPLAYSSM_CONFIG)")
-    bk = _next_pow2(K)
-    return 0 if kc == 0 or kc >= bk else kc
+        raise ValueError(f"gdn_state_kc must be 0 or a power of two, got {kc}; fix REPLAYSSM_CONFIG")
+    return 0 if kc == 0 or kc >= _next_pow2(K) else kc

@@ -46,22 +46,43 @@ def _probe(q, k, i_n, i_h, s, T, stride_q_row, stride_q_tok, stride_k_row, strid
 
 
 @triton.jit
-def _probe_chunked(q, k, i_n, i_h, s, T, stride_q_row, stride_q_tok, stride_k_row, stride_k_tok, scale, o_k2,
-                   mask_k2, K: tl.constexpr):
-    """`_probe` with K laid out as `[BK // KC, KC]` chunks (the state tile's chunked layout)."""
-    m_s = mask_k2 & (s < T)
-    b_ks = tl.load(k + i_n * stride_k_row + s * stride_k_tok + i_h * K + o_k2, mask=m_s, other=0).to(tl.float32)
-    b_qs = tl.load(q + i_n * stride_q_row + s * stride_q_tok + i_h * K + o_k2, mask=m_s, other=0).to(tl.float32)
-    b_ks = b_ks / tl.sqrt(tl.sum(tl.sum(b_ks * b_ks, 1), 0) + 1e-6)
-    b_qs = b_qs / tl.sqrt(tl.sum(tl.sum(b_qs * b_qs, 1), 0) + 1e-6)
-    return b_ks, b_qs * scale
+def _state_tile_offsets(BK: tl.constexpr, KC: tl.constexpr):
+    """K offsets of the checkpoint tile: `[BK]` (KC = 0: the whole K across a warp's lanes), or
+    `[BK // KC, KC]`, K in KC-wide chunks. Read as `[BV, BK // KC, KC]`, the chunked tile gives
+    the lanes KC // 4 keys and value rows for the rest, so a K sum adds the chunks inside each
+    thread and then takes log2(KC / 4) shuffle steps for several rows at once (five per row for
+    the whole-K tile)."""
+    if KC == 0:
+        return tl.arange(0, BK)
+    else:
+        return tl.arange(0, BK // KC)[:, None] * KC + tl.arange(0, KC)[None, :]
 
 
 @triton.jit
-def _kdot(b_h3, b_x2):
-    """Row sums over K of a chunked `[BV, NKC, KC]` state tile against a `[NKC, KC]` vector: the
-    chunk axis first (inside each thread), then the `KC` lanes."""
-    return tl.sum(tl.sum(b_h3 * b_x2[None, :, :], 1), 1)
+def _state_tile_probe(q, k, i_n, i_h, s, T, stride_q_row, stride_q_tok, stride_k_row, stride_k_tok, scale, o_k,
+                      mask_k, K: tl.constexpr, KC: tl.constexpr):
+    """`_probe` (draft `s`'s normalised key and scaled query) shaped as `o_k`, for either tile
+    form of `_state_tile_offsets`."""
+    if KC == 0:
+        return _probe(q, k, i_n, i_h, s, T, stride_q_row, stride_q_tok, stride_k_row, stride_k_tok, scale,
+                      o_k, mask_k, K)
+    else:
+        m_s = mask_k & (s < T)
+        b_ks = tl.load(k + i_n * stride_k_row + s * stride_k_tok + i_h * K + o_k, mask=m_s, other=0).to(tl.float32)
+        b_qs = tl.load(q + i_n * stride_q_row + s * stride_q_tok + i_h * K + o_k, mask=m_s, other=0).to(tl.float32)
+        b_ks = b_ks / tl.sqrt(tl.sum(tl.sum(b_ks * b_ks, 1), 0) + 1e-6)
+        b_qs = b_qs / tl.sqrt(tl.sum(tl.sum(b_qs * b_qs, 1), 0) + 1e-6)
+        return b_ks, b_qs * scale
+
+
+@triton.jit
+def _state_tile_dot(b_h, b_x, KC: tl.constexpr):
+    """`S0 x` per value row of the tile (`[BV]`) for a probe `b_x` from `_state_tile_probe`; in the
+    chunked form the chunk axis is summed first (inside each thread), then the KC lanes."""
+    if KC == 0:
+        return tl.sum(b_h * b_x[None, :], 1)
+    else:
+        return tl.sum(tl.sum(b_h * b_x[None, :, :], 1), 1)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -212,24 +233,22 @@ def _gdn_verify_state_kernel(
         wp = tl.load(wpos + slot)
     org = tl.load(origin + slot)
 
-    # The checkpoint tile as [BK // KC, BV, KC]: K split into KC-wide chunks, the chunk axis
-    # outermost. The layout then spreads a warp's lanes over KC // 4 keys and the rest over value
-    # rows, and each K sum adds the chunks inside a thread before a log2(KC / 4)-step lane
-    # butterfly (KC = BK: the whole K across the lanes, five steps per value row).
-    KCE: tl.constexpr = BK if KC == 0 else KC
-    o_c = tl.arange(0, BK // KCE)
-    o_k2 = o_c[:, None] * KCE + tl.arange(0, KCE)[None, :]  # [NKC, KC]
+    o_k = _state_tile_offsets(BK, KC)  # [BK] or [BK // KC, KC]
     o_v = i_v * BV + tl.arange(0, BV)
     o_t = tl.arange(0, BT)
     o_j = tl.arange(0, RLB)
-    mask_k2 = o_k2 < K
+    mask_k = o_k < K
     mask_v = o_v < V
     m_t = o_t < T
     m_j = o_j < wp
 
-    b_h = tl.load(state + slot * stride_state_slot + i_hv * K * V + o_v[:, None, None] * K + o_k2[None, :, :],
-                  mask=mask_v[:, None, None] & mask_k2[None, :, :], other=0,
-                  eviction_policy="evict_first" if EVICT else "")  # [BV, NKC, KC]
+    p_h = state + slot * stride_state_slot + i_hv * K * V
+    if KC == 0:
+        b_h = tl.load(p_h + o_v[:, None] * K + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :], other=0,
+                      eviction_policy="evict_first" if EVICT else "")  # [BV, BK]
+    else:
+        b_h = tl.load(p_h + o_v[:, None, None] * K + o_k[None, :, :], mask=mask_v[:, None, None] & mask_k[None, :, :],
+                      other=0, eviction_policy="evict_first" if EVICT else "")  # [BV, BK // KC, KC]
     phys_j = (org + o_j) % RL
     b_ur = tl.load(ring_d + slot * stride_d_slot + (i_hv * RL + phys_j)[:, None] * V + o_v[None, :],
                    mask=m_j[:, None] & mask_v[None, :], other=0).to(tl.float32)  # [RLB, BV]
@@ -246,12 +265,12 @@ def _gdn_verify_state_kernel(
     b_hk = tl.zeros([BV, BT], dtype=tl.float32)
     b_hq = tl.zeros([BV, BT], dtype=tl.float32)
     for s in tl.static_range(BT):
-        b_ks, b_qs = _probe_chunked(q, k, i_n, i_h, s, T, stride_q_row, stride_q_tok, stride_k_row, stride_k_tok,
-                                    scale, o_k2, mask_k2, K)
+        b_ks, b_qs = _state_tile_probe(q, k, i_n, i_h, s, T, stride_q_row, stride_q_tok, stride_k_row,
+                                       stride_k_tok, scale, o_k, mask_k, K, KC)
         b_wk = tl.load(p_sc + s * RLB + o_j)
         b_wq = tl.load(p_sc + OFF_WQ + s * RLB + o_j)
-        b_hks = b_dec * _kdot(b_h, b_ks) + tl.sum(b_ur * b_wk[:, None], 0)
-        b_hqs = b_dec * _kdot(b_h, b_qs) + tl.sum(b_ur * b_wq[:, None], 0)
+        b_hks = b_dec * _state_tile_dot(b_h, b_ks, KC) + tl.sum(b_ur * b_wk[:, None], 0)
+        b_hqs = b_dec * _state_tile_dot(b_h, b_qs, KC) + tl.sum(b_ur * b_wq[:, None], 0)
         b_hk = tl.where(o_t[None, :] == s, b_hks[:, None], b_hk)
         b_hq = tl.where(o_t[None, :] == s, b_hqs[:, None], b_hq)
 
