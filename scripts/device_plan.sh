@@ -208,7 +208,10 @@ step_decode_fixed() {
   for m in "${models[@]}"; do
     case $m in
       gdn) flags="--max-mamba-cache-size 1300 --max-running-requests 256" ;;
-      nano9b) flags="--max-mamba-cache-size 600 --max-running-requests 128" ;;
+      # Nano-9B: 600 slots (70 GiB of state) admit only 120 requests with the radix cache on
+      # (session 16: SGLang keeps ~5 slots per running request), and 1280 slots do not fit; one
+      # slot per request with the radix cache off admits 256.
+      nano9b) flags="--disable-radix-cache --max-running-requests 256" ;;
       *) echo "DECODE_MODELS: gdn and/or nano9b, got $m" >&2; return 2 ;;
     esac
     k=$(( k + 1 ))
@@ -223,8 +226,10 @@ step_spec256() {
   # runs' 0.960x predates the draft-runner fix), the same fixed pools on both sides (stock's slots
   # also carry intermediate_ssm).
   env_ready
+  # 1300 slots (as decode_fixed's GDN case): session 16 ran this step with 600 slots, which
+  # SGLang turned into 120 running requests on both sides (C=256 and C=128 both measured ~120).
   run "${BENCH[@]}" --model gdn --study spec --only stock,ours --concurrency 256,128 \
-    --server-args="--max-mamba-cache-size 600 --max-running-requests 256" \
+    --server-args="--max-mamba-cache-size 1300 --max-running-requests 256" \
     --out /tmp/b_spec256 --pack "$OUT/spec256.tgz" --time-budget $(( $(left) - 30 ))
 }
 
