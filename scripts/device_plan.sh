@@ -13,6 +13,8 @@
 #   gdn_profile    GDN per phase at batch 256: verify launches alone, commit folds, decode plan 3  [.whl]
 #   gdn_kc         GDN kernel tests, then the state launch per K chunk (configs.gdn_state_kc 0/32/16) at
 #                  batch 256, then the GDN kernel benchmark at 256 and 64 rows  [.whl]
+#   gdn_rt         GDN kernel tests with the value-row-major ring history (configs.gdn_history_rt), the
+#                  state launch with it off and on at batch 256, the benchmark with it on  [.whl]
 #   gdn_sweep      GDN launch plans and the exact replay's unroll depths vs SGLang's kernels  [.whl]
 #   e2e320         Nemotron-H + NEXTN parity at 320 running requests      [.whl2 .tiny]
 #   e2e_dispatch   GDN decode plan 3 and the ring decode from 64 rows: the 32-prompt cases (ring at
@@ -108,6 +110,23 @@ step_gdn_kc() {
   done
   run env OUT="$OUT/gdn_kc" BENCH_TIMEOUT=$(( $(left) - 15 )) BENCH_ARGS="--family gdn --batches 256,64" \
     bash scripts/device_kernels.sh bench
+}
+
+step_gdn_rt() {
+  # The ring history read value-row major in the GDN state launch (configs.gdn_history_rt,
+  # prepared in session 16 without a GPU: 392 -> 144 shuffles per verify program, decode
+  # registers 96 -> 72): the GDN kernel tests, the spec and decode phases at batch 256 with it off
+  # and on (verify and decode), then the benchmark at 256 and 64 rows with it on.
+  run env OUT="$OUT/gdn_rt" REPLAYSSM_CONFIG="gdn_history_rt=1" bash scripts/device_kernels.sh gdntests
+  local rt
+  for rt in 0 1; do
+    run env OUT="$OUT/gdn_rt" REPLAYSSM_CONFIG="gdn_history_rt=$rt" GDNPROFILE_TIMEOUT=100 \
+      GDNPROFILE_ARGS="--decode-configs 3x16x1x3x8x0x1 --verify-configs 16x1x2x4 --verify-fills 0,8,12 --fold-lens 12 --reps 15" \
+      bash scripts/device_kernels.sh profile
+    [ "$DRY" = 1 ] || mv "$OUT/gdn_rt/profile_gdn.log" "$OUT/gdn_rt/profile_rt$rt.log"
+  done
+  run env OUT="$OUT/gdn_rt" REPLAYSSM_CONFIG="gdn_history_rt=1" BENCH_TIMEOUT=$(( $(left) - 15 )) \
+    BENCH_ARGS="--family gdn --batches 256,64" bash scripts/device_kernels.sh bench
 }
 
 step_gdn_sweep() {
@@ -240,7 +259,7 @@ step_aime() {
     --time-budget $(( $(left) - 30 ))
 }
 
-STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
+STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
 [ $# -gt 0 ] || { echo "usage: $0 STEP [STEP ...]; steps: ${STEPS[*]}" >&2; exit 2; }
 for s in "$@"; do
   [[ " ${STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s; steps: ${STEPS[*]}" >&2; exit 2; }

@@ -107,18 +107,19 @@ def gdn_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
         rows.append((name, *ptxas_report(kern, signature(kern, ptrs, c), c, warps, num_stages=2)))
     from replayssm_kernels.gdn import verify_split
 
-    ptrs_split = dict(ptrs, scratch="*fp32")
-    for t_win, rows_mode, what in ((T, False, "verify"), (1, True, "decode plan 2 non-flush")):
+    ptrs_split = dict(ptrs, scratch="*fp32", ring_fk="*bf16")
+    for t_win, rows_mode, what in ((T, False, "verify"), (1, True, "decode plan 3 (non-flush + flush rows)")):
         bt = triton.next_power_of_2(t_win)
         ns = verify_split.scratch_floats(bt, head["RLB"])
         c = dict(H=H, HV=HV, K=K, BK=head["BK"], BT=bt, RL=L, RLB=head["RLB"], NS=ns, ROWS=rows_mode)
         kern = verify_split._gdn_verify_prep_kernel
         rows.append((f"{what}: two-launch prep w4", *ptxas_report(kern, signature(kern, ptrs_split, c), c, 4, 2)))
-        for bv in (8, 16, 32):
+        # (BV, K chunk, ring history value-row major): configs.gdn_state_kc / gdn_history_rt
+        for bv, kc, rt in ((8, 0, 0), (16, 0, 0), (32, 0, 0), (16, 32, 0), (16, 0, 1), (16, 32, 1), (8, 32, 1)):
             c = dict(H=H, HV=HV, K=K, V=V, BK=head["BK"], BV=bv, BT=bt, RL=L, RLB=head["RLB"], NS=ns, EVICT=True,
-                     ROWS=rows_mode)
+                     ROWS=rows_mode, FLUSH=rows_mode, KC=kc, RT=bool(rt))
             kern = verify_split._gdn_verify_state_kernel
-            rows.append((f"{what}: two-launch state bv{bv} w1",
+            rows.append((f"{what}: two-launch state bv{bv} w1 kc{kc}{' history-rt' if rt else ''}",
                          *ptxas_report(kern, signature(kern, ptrs_split, c), c, 1, 2)))
     for bvf in (32, 8):
         for unroll in (gdn_replay_unroll(), *GDN_UNROLL_SWEEP):

@@ -469,10 +469,26 @@ def test_gdn_replay_unroll_depths_are_exact(unroll, device, assert_within_baseli
     assert gdn_replay_unroll() == 1
 
 
-def test_gdn_state_kc_config():
+@pytest.mark.parametrize("kc", [0, 32])
+def test_gdn_state_history_value_rows(kc, device, assert_within_baseline):
+    """The state launch with the committed ring entries read value-row major
+    (configs.gdn_history_rt), with either checkpoint tile, for the verify and the decode."""
+    from replayssm_kernels.configs import overrides
+
+    case = next(c.values for c in VERIFY_CASES if c.id == "B2-K128-V128-L8-T4-bf16")
+    with overrides([("gdn_state_kc", (kc,)), ("gdn_history_rt", (1,))]):
+        test_gdn_verify_commit(*case, device, assert_within_baseline)
+        test_gdn_decode(2, 1, 2, 128, 128, 4, bf16, 6, device, assert_within_baseline)
+
+
+def test_gdn_state_kc_config(monkeypatch):
     """gdn_state_kc: verify 32 / decode 0 by default; one number sets both, NxM verify x decode;
-    a chunk at least the padded K means the whole K; a chunk that is not a power of two is refused."""
+    a chunk at least the padded K means the whole K; a chunk that is not a power of two is refused.
+    gdn_history_rt: off by default, NxM likewise. (Defaults: without a REPLAYSSM_CONFIG override.)"""
+    from replayssm_kernels import configs
     from replayssm_kernels.configs import gdn_state_kc, override
+
+    monkeypatch.setattr(configs, "_OVERRIDES", {})
 
     assert (gdn_state_kc(128, decode=False), gdn_state_kc(128, decode=True)) == (32, 0)
     assert gdn_state_kc(32, decode=False) == 0 and gdn_state_kc(48, decode=False) == 32
@@ -482,3 +498,8 @@ def test_gdn_state_kc_config():
         assert (gdn_state_kc(128, decode=False), gdn_state_kc(128, decode=True)) == (8, 32)
     with override("gdn_state_kc", (24,)), pytest.raises(ValueError, match="REPLAYSSM_CONFIG"):
         gdn_state_kc(128, decode=False)
+    from replayssm_kernels.configs import gdn_history_rt
+
+    assert (gdn_history_rt(decode=False), gdn_history_rt(decode=True)) == (False, False)
+    with override("gdn_history_rt", (1, 0)):
+        assert (gdn_history_rt(decode=False), gdn_history_rt(decode=True)) == (True, False)

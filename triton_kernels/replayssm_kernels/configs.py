@@ -20,7 +20,7 @@ _OVERRIDE_ARITY = {"gdn_decode": (7,), "gdn_verify": (3, 4), "gdn_fold_cols": (1
                    "mamba2_ring_min_batch": (1,), "mamba2_decode": (4,),
                    "mamba2_decode_tile": (3,), "mamba2_verify_tile": (3,), "mamba2_chunk_min_batch": (1,),
                    "mamba2_replay_unroll": (1,), "gdn_replay_unroll": (1,), "mamba2_ring_bc_min_batch": (1,),
-                   "gdn_k_tree": (1,), "gdn_state_kc": (1, 2)}
+                   "gdn_k_tree": (1,), "gdn_state_kc": (1, 2), "gdn_history_rt": (1, 2)}
 
 
 def parse_plan(name: str, text: str) -> tuple[int, ...] | None:
@@ -58,6 +58,8 @@ def describe() -> str:
         f"gdn_replay_unroll={gdn_replay_unroll()} (ring entries per straight-line chunk of the exact replay)",
         f"gdn_state_kc={gdn_state_kc(128, False)}x{gdn_state_kc(128, True)} (K chunk of the GDN output-only "
         "state tile, verify x decode; 0 = the whole K across a warp's lanes)",
+        f"gdn_history_rt={int(gdn_history_rt(False))}x{int(gdn_history_rt(True))} (committed ring entries read "
+        "value-row major in the GDN state launch, verify x decode)",
         f"gdn_k_tree={int(gdn_k_tree(128))} (K = 128: exact replay with the K sums written as the baseline's lane "
         "tree, gdn/common.py; 0 = the baseline's own expressions)",
         f"gdn_ring_min_batch={ring_min_batch('gdn')} (below: SGLang's packed decode on folded checkpoints; "
@@ -343,3 +345,21 @@ def gdn_state_kc(K: int, decode: bool) -> int:
     if kc < 0 or (kc & (kc - 1)):
         raise ValueError(f"gdn_state_kc must be 0 or a power of two, got {kc}; fix REPLAYSSM_CONFIG")
     return 0 if kc == 0 or kc >= _next_pow2(K) else kc
+
+
+# How the GDN state launch reads the committed `d` ring entries for the history sums
+# `sum_j u_j w_j`: 0 = `[RLB, BV]` with vector loads, whose layout puts the entries across 16 lanes
+# (a 4-step butterfly per sum and value pair); 1 = `[BV, RLB]` with scalar loads, the lanes along
+# V and 8 entries in each thread (one shuffle step). ptxas on sm_90, T = 4, BV = 16, KC = 32: 392
+# shuffles per program with 0, 144 with 1. Prepared in session 16 without a GPU run: off until
+# the H200 times it (docs/runbook.md).
+_GDN_HISTORY_RT = {"verify": False, "decode": False}
+
+
+def gdn_history_rt(decode: bool) -> bool:
+    """Whether the GDN state launch reads the ring history value-row major (verify or decode).
+    REPLAYSSM_CONFIG gdn_history_rt=N sets both, =NxM verify x decode."""
+    if "gdn_history_rt" in _OVERRIDES:
+        nums = _OVERRIDES["gdn_history_rt"]
+        return bool(nums[-1] if decode and len(nums) > 1 else nums[0])
+    return _GDN_HISTORY_RT["decode" if decode else "verify"]

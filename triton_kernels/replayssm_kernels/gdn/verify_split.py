@@ -85,6 +85,16 @@ def _state_tile_dot(b_h, b_x, KC: tl.constexpr):
         return tl.sum(tl.sum(b_h * b_x[None, :, :], 1), 1)
 
 
+@triton.jit
+def _history_dot(b_ur, b_w, RT: tl.constexpr):
+    """`sum_j u_j[v] w[j]` per value row (`[BV]`) over the committed ring entries, `b_ur` read
+    as `[BV, RLB]` (RT) or `[RLB, BV]`."""
+    if RT:
+        return tl.sum(b_ur * b_w[None, :], 1)
+    else:
+        return tl.sum(b_ur * b_w[:, None], 0)
+
+
 @triton.jit(do_not_specialize=["T"])
 def _gdn_verify_prep_kernel(
     q, k, a, b, A_log, dt_bias, ring_k, ring_g, ring_rawk, ring_beta,
@@ -204,6 +214,7 @@ def _gdn_verify_state_kernel(
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
     NS: tl.constexpr, EVICT: tl.constexpr, ROWS: tl.constexpr = False, FLUSH: tl.constexpr = False,
     BVF: tl.constexpr = 8, UNROLL: tl.constexpr = 1, TREE: tl.constexpr = False, KC: tl.constexpr = 0,
+    RT: tl.constexpr = False,
 ):
     i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
 
@@ -250,8 +261,15 @@ def _gdn_verify_state_kernel(
         b_h = tl.load(p_h + o_v[:, None, None] * K + o_k[None, :, :], mask=mask_v[:, None, None] & mask_k[None, :, :],
                       other=0, eviction_policy="evict_first" if EVICT else "")  # [BV, BK // KC, KC]
     phys_j = (org + o_j) % RL
-    b_ur = tl.load(ring_d + slot * stride_d_slot + (i_hv * RL + phys_j)[:, None] * V + o_v[None, :],
-                   mask=m_j[:, None] & mask_v[None, :], other=0).to(tl.float32)  # [RLB, BV]
+    if RT:
+        # [BV, RLB], read with scalar loads (contiguity hidden from the compiler): the lanes go
+        # along V and each thread holds RLB / 2 history entries, so the history sums below add
+        # inside a thread and take one shuffle step (four with the vectorised [RLB, BV] read).
+        b_ur = tl.load(ring_d + slot * stride_d_slot + (i_hv * RL + phys_j)[None, :] * V + tl.max_contiguous(o_v, 1)[:, None],
+                       mask=m_j[None, :] & mask_v[:, None], other=0).to(tl.float32)
+    else:
+        b_ur = tl.load(ring_d + slot * stride_d_slot + (i_hv * RL + phys_j)[:, None] * V + o_v[None, :],
+                       mask=m_j[:, None] & mask_v[None, :], other=0).to(tl.float32)  # [RLB, BV]
 
     OFF_WQ: tl.constexpr = BT * RLB
     OFF_M: tl.constexpr = 2 * BT * RLB
@@ -269,8 +287,8 @@ def _gdn_verify_state_kernel(
                                        stride_k_tok, scale, o_k, mask_k, K, KC)
         b_wk = tl.load(p_sc + s * RLB + o_j)
         b_wq = tl.load(p_sc + OFF_WQ + s * RLB + o_j)
-        b_hks = b_dec * _state_tile_dot(b_h, b_ks, KC) + tl.sum(b_ur * b_wk[:, None], 0)
-        b_hqs = b_dec * _state_tile_dot(b_h, b_qs, KC) + tl.sum(b_ur * b_wq[:, None], 0)
+        b_hks = b_dec * _state_tile_dot(b_h, b_ks, KC) + _history_dot(b_ur, b_wk, RT)
+        b_hqs = b_dec * _state_tile_dot(b_h, b_qs, KC) + _history_dot(b_ur, b_wq, RT)
         b_hk = tl.where(o_t[None, :] == s, b_hks[:, None], b_hk)
         b_hq = tl.where(o_t[None, :] == s, b_hqs[:, None], b_hq)
 
