@@ -13,8 +13,9 @@
 #   gdn_profile    GDN per phase at batch 256: verify launches alone, commit folds, decode plan 3  [.whl]
 #   gdn_kc         GDN kernel tests, then the state launch per K chunk (configs.gdn_state_kc 0/32/16) at
 #                  batch 256, then the GDN kernel benchmark at 256 and 64 rows  [.whl]
-#   gdn_rt         GDN kernel tests with the value-row-major ring history (configs.gdn_history_rt), the
-#                  state launch with it off and on at batch 256, the benchmark with it on  [.whl]
+#   gdn_rt         GDN kernel tests with the value-row-major ring history (configs.gdn_history_rt) and the
+#                  one-warp chunked prep (configs.gdn_prep); the spec/decode phases at batch 256 with
+#                  them off and on; the benchmark with the history option on  [.whl]
 #   gdn_sweep      GDN launch plans and the exact replay's unroll depths vs SGLang's kernels  [.whl]
 #   e2e320         Nemotron-H + NEXTN parity at 320 running requests      [.whl2 .tiny]
 #   e2e_dispatch   GDN decode plan 3 and the ring decode from 64 rows: the 32-prompt cases (ring at
@@ -117,7 +118,7 @@ step_gdn_rt() {
   # prepared in session 16 without a GPU: 392 -> 144 shuffles per verify program, decode
   # registers 96 -> 72): the GDN kernel tests, the spec and decode phases at batch 256 with it off
   # and on (verify and decode), then the benchmark at 256 and 64 rows with it on.
-  run env OUT="$OUT/gdn_rt" REPLAYSSM_CONFIG="gdn_history_rt=1" bash scripts/device_kernels.sh gdntests
+  run env OUT="$OUT/gdn_rt" REPLAYSSM_CONFIG="gdn_history_rt=1,gdn_prep=1x32" bash scripts/device_kernels.sh gdntests
   local rt
   for rt in 0 1; do
     run env OUT="$OUT/gdn_rt" REPLAYSSM_CONFIG="gdn_history_rt=$rt" GDNPROFILE_TIMEOUT=100 \
@@ -125,8 +126,14 @@ step_gdn_rt() {
       bash scripts/device_kernels.sh profile
     [ "$DRY" = 1 ] || mv "$OUT/gdn_rt/profile_gdn.log" "$OUT/gdn_rt/profile_rt$rt.log"
   done
+  # The prep launch with one warp and its key tiles in K chunks (configs.gdn_prep, also session 16).
+  run env OUT="$OUT/gdn_rt" REPLAYSSM_CONFIG="gdn_history_rt=1,gdn_prep=1x32" GDNPROFILE_TIMEOUT=100 \
+    GDNPROFILE_ARGS="--decode-configs 3x16x1x3x8x0x1 --verify-configs 16x1x2x4 --verify-fills 0,8,12 --fold-lens 12 --reps 15" \
+    bash scripts/device_kernels.sh profile
+  [ "$DRY" = 1 ] || mv "$OUT/gdn_rt/profile_gdn.log" "$OUT/gdn_rt/profile_rt1_prep1x32.log"
   run env OUT="$OUT/gdn_rt" REPLAYSSM_CONFIG="gdn_history_rt=1" BENCH_TIMEOUT=$(( $(left) - 15 )) \
     BENCH_ARGS="--family gdn --batches 256,64" bash scripts/device_kernels.sh bench
+  [ "$DRY" = 1 ] || rm -f "$OUT/gdn_rt/bench.json"  # its rows are in bench.log; $OUT returns 8 files
 }
 
 step_gdn_sweep() {

@@ -134,7 +134,10 @@ def _advance_rows(S_base, S_ref, acc, q, k, v, a, b, A_log, dt_bias):
 
 
 @pytest.mark.parametrize("B,H,HV,K,V,L,T_max,dtype,steps", VERIFY_CASES)
-def test_gdn_verify_commit(B, H, HV, K, V, L, T_max, dtype, steps, device, assert_within_baseline):
+def test_gdn_verify_commit(B, H, HV, K, V, L, T_max, dtype, steps, device, assert_within_baseline, key_corr=0.0):
+    """`key_corr` > 0 pulls every draft's key towards the window's first (k_s = c k_0 + (1 - c) k_s),
+    so the window's key products (the UT transform's A) are large: independent random keys at
+    K = 128 are nearly orthogonal, and errors in those products would stay below the tolerance."""
     gen = torch.Generator().manual_seed(2000 + 7 * L + K + T_max)
     A_log, dt_bias = _params(HV, device, gen)
     h = GDNHarness(batch=B, num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V,
@@ -146,6 +149,8 @@ def test_gdn_verify_commit(B, H, HV, K, V, L, T_max, dtype, steps, device, asser
     for step in range(steps):
         T = int(torch.randint(1, T_max + 1, (1,), generator=gen))
         q, k, v, a, b = _inputs(B, T, H, HV, K, V, dtype, device, gen)
+        if key_corr:
+            k = (key_corr * k[:, :1].float() + (1 - key_corr) * k.float()).to(dtype)
         o = h.verify(q, k, v, a, b)
         assert o.shape == (B, T, HV, V)
         o_base = _baseline(S_base.clone(), q, k, v, a, b, A_log, dt_bias, update=False)
@@ -481,6 +486,17 @@ def test_gdn_state_history_value_rows(kc, device, assert_within_baseline):
         test_gdn_decode(2, 1, 2, 128, 128, 4, bf16, 6, device, assert_within_baseline)
 
 
+@pytest.mark.parametrize("plan", [(1, 32), (2, 16)])
+def test_gdn_verify_prep_plans(plan, device, assert_within_baseline):
+    """The verify prep launch with its key tiles in K chunks and fewer warps (configs.gdn_prep)."""
+    from replayssm_kernels.configs import override
+
+    case = next(c.values for c in VERIFY_CASES if c.id == "B2-K128-V128-L8-T4-bf16")
+    with override("gdn_prep", plan):
+        test_gdn_verify_commit(*case, device, assert_within_baseline, key_corr=0.9)
+        test_gdn_decode(2, 1, 2, 128, 128, 4, bf16, 6, device, assert_within_baseline)
+
+
 def test_gdn_state_kc_config(monkeypatch):
     """gdn_state_kc: verify 32 / decode 0 by default; one number sets both, NxM verify x decode;
     a chunk at least the padded K means the whole K; a chunk that is not a power of two is refused.
@@ -503,3 +519,10 @@ def test_gdn_state_kc_config(monkeypatch):
     assert (gdn_history_rt(decode=False), gdn_history_rt(decode=True)) == (False, False)
     with override("gdn_history_rt", (1, 0)):
         assert (gdn_history_rt(decode=False), gdn_history_rt(decode=True)) == (True, False)
+    from replayssm_kernels.configs import gdn_prep_plan
+
+    assert gdn_prep_plan(128) == (4, 0) and gdn_prep_plan(48) == (2, 0)
+    with override("gdn_prep", (1, 32)):
+        assert gdn_prep_plan(128) == (1, 32) and gdn_prep_plan(32) == (1, 0)
+    with override("gdn_prep", (3, 32)), pytest.raises(ValueError, match="REPLAYSSM_CONFIG"):
+        gdn_prep_plan(128)

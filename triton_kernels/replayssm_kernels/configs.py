@@ -20,7 +20,7 @@ _OVERRIDE_ARITY = {"gdn_decode": (7,), "gdn_verify": (3, 4), "gdn_fold_cols": (1
                    "mamba2_ring_min_batch": (1,), "mamba2_decode": (4,),
                    "mamba2_decode_tile": (3,), "mamba2_verify_tile": (3,), "mamba2_chunk_min_batch": (1,),
                    "mamba2_replay_unroll": (1,), "gdn_replay_unroll": (1,), "mamba2_ring_bc_min_batch": (1,),
-                   "gdn_k_tree": (1,), "gdn_state_kc": (1, 2), "gdn_history_rt": (1, 2)}
+                   "gdn_k_tree": (1,), "gdn_state_kc": (1, 2), "gdn_history_rt": (1, 2), "gdn_prep": (2,)}
 
 
 def parse_plan(name: str, text: str) -> tuple[int, ...] | None:
@@ -60,6 +60,7 @@ def describe() -> str:
         "state tile, verify x decode; 0 = the whole K across a warp's lanes)",
         f"gdn_history_rt={int(gdn_history_rt(False))}x{int(gdn_history_rt(True))} (committed ring entries read "
         "value-row major in the GDN state launch, verify x decode)",
+        "gdn_prep=" + "x".join(map(str, gdn_prep_plan(128))) + " (GDN verify prep launch: warps x K chunk)",
         f"gdn_k_tree={int(gdn_k_tree(128))} (K = 128: exact replay with the K sums written as the baseline's lane "
         "tree, gdn/common.py; 0 = the baseline's own expressions)",
         f"gdn_ring_min_batch={ring_min_batch('gdn')} (below: SGLang's packed decode on folded checkpoints; "
@@ -363,3 +364,22 @@ def gdn_history_rt(decode: bool) -> bool:
         nums = _OVERRIDES["gdn_history_rt"]
         return bool(nums[-1] if decode and len(nums) > 1 else nums[0])
     return _GDN_HISTORY_RT["decode" if decode else "verify"]
+
+
+# The GDN two-launch verify's prep launch (per row and key head: the key products, the UT
+# transform): (num_warps, KC), KC as gdn_state_kc for its key tiles. (4, 0) is what every run
+# measured (79-96 us at batch 256, HV=32, run 9). (1, 32) was prepared in session 16 without a
+# GPU run: ptxas on sm_90, T = 4: 33 barriers and 355 shuffles per program against 103 and 321
+# for (4, 0); the launch has one program per row and key head (4096 at batch 256).
+_GDN_PREP_PLAN = (4, 0)
+
+
+def gdn_prep_plan(K: int) -> tuple[int, int]:
+    """(num_warps, KC) of the GDN verify prep launch at this K (REPLAYSSM_CONFIG gdn_prep=WxKC)."""
+    warps, kc = _OVERRIDES["gdn_prep"] if "gdn_prep" in _OVERRIDES else _GDN_PREP_PLAN
+    if _next_pow2(K) < 128 and "gdn_prep" not in _OVERRIDES:
+        warps = 2
+    if warps not in (1, 2, 4, 8) or kc < 0 or (kc & (kc - 1)):
+        raise ValueError(f"gdn_prep: warps in 1/2/4/8 and KC 0 or a power of two, got {warps}x{kc}; "
+                         "fix REPLAYSSM_CONFIG")
+    return warps, (0 if kc == 0 or kc >= _next_pow2(K) else kc)

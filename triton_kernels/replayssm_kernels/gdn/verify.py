@@ -23,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import gdn_history_rt, gdn_k_tree, gdn_replay_unroll, gdn_state_kc, gdn_verify_config
+from ..configs import (gdn_history_rt, gdn_k_tree, gdn_prep_plan, gdn_replay_unroll, gdn_state_kc,
+                       gdn_verify_config)
 from .common import gdn_gate, gdn_l2norm, gdn_l2norm_vec, gdn_tile_ids
 from .verify_mm import _gdn_verify_mm_kernel
 from .verify_split import _gdn_verify_prep_kernel, _gdn_verify_state_kernel, scratch_floats
@@ -312,6 +313,7 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
         raise ValueError("the exact decode path in the state launch needs one warp (the plain form's "
                          "sums follow the layout); use num_warps=1 or the tree form (REPLAYSSM_CONFIG=gdn_k_tree=1)")
     ring_fk = rings.replay_keys(tree)
+    prep_warps, prep_kc = gdn_prep_plan(K)
     _gdn_verify_prep_kernel[(B * H,)](
         q, k, a, b, A_log, dt_bias, rings.k, rings.g, rings.rawk, rings.beta,
         slot_idx, wpos, origin, scratch, rows[0], rows[1],
@@ -320,7 +322,7 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
         *sq, *sk, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         rings.k.stride(0), rings.g.stride(0), rings.rawk.stride(0), rings.beta.stride(0),
         H=H, HV=HV, K=K, BK=BK, BT=BT, RL=RL, RLB=RLB, NS=NS, ROWS=row_wp is not None, TREE=tree,
-        num_warps=4 if BK >= 128 else 2,
+        KC=prep_kc, num_warps=prep_warps,
     )
     _gdn_verify_state_kernel[(triton.cdiv(V, BV) * B * HV,)](
         q, k, v, out, state, rings.d, rings.rawv,

@@ -105,6 +105,7 @@ def _gdn_verify_prep_kernel(
     stride_k_slot, stride_g_slot, stride_rawk_slot, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
     RL: tl.constexpr, RLB: tl.constexpr, NS: tl.constexpr, ROWS: tl.constexpr = False, TREE: tl.constexpr = False,
+    KC: tl.constexpr = 0,
 ):
     i_n, i_h = tl.program_id(0) // H, tl.program_id(0) % H
     slot = tl.load(slot_idx + i_n).to(tl.int64)
@@ -138,21 +139,40 @@ def _gdn_verify_prep_kernel(
 
     # History keys (positions j < wp, disjoint from the window's).
     phys_j = (org + o_j) % RL
-    b_kr = tl.load(ring_k + slot * stride_k_slot + (i_h * RL + phys_j)[:, None] * K + o_k[None, :],
-                   mask=m_j[:, None] & mask_k[None, :], other=0).to(tl.float32)
-
-    # Key-head products, one draft column at a time.
     b_krk = tl.zeros([RLB, BT], dtype=tl.float32)
     b_krq = tl.zeros([RLB, BT], dtype=tl.float32)
     b_kk = tl.zeros([BT, BT], dtype=tl.float32)
     b_kq = tl.zeros([BT, BT], dtype=tl.float32)
-    for s in tl.static_range(BT):
-        b_ks, b_qs = _probe(q, k, i_n, i_h, s, T, stride_q_row, stride_q_tok, stride_k_row, stride_k_tok, scale,
-                            o_k, mask_k, K)
-        b_krk = tl.where(o_t[None, :] == s, tl.sum(b_kr * b_ks[None, :], 1)[:, None], b_krk)
-        b_krq = tl.where(o_t[None, :] == s, tl.sum(b_kr * b_qs[None, :], 1)[:, None], b_krq)
-        b_kk = tl.where(o_t[None, :] == s, tl.sum(b_kw * b_ks[None, :], 1)[:, None], b_kk)  # KK[j, s]
-        b_kq = tl.where(o_t[None, :] == s, tl.sum(b_kw * b_qs[None, :], 1)[:, None], b_kq)  # KQ[j, s]
+    if KC == 0:
+        b_kr = tl.load(ring_k + slot * stride_k_slot + (i_h * RL + phys_j)[:, None] * K + o_k[None, :],
+                       mask=m_j[:, None] & mask_k[None, :], other=0).to(tl.float32)
+
+        # Key-head products, one draft column at a time.
+        for s in tl.static_range(BT):
+            b_ks, b_qs = _probe(q, k, i_n, i_h, s, T, stride_q_row, stride_q_tok, stride_k_row, stride_k_tok, scale,
+                                o_k, mask_k, K)
+            b_krk = tl.where(o_t[None, :] == s, tl.sum(b_kr * b_ks[None, :], 1)[:, None], b_krk)
+            b_krq = tl.where(o_t[None, :] == s, tl.sum(b_kr * b_qs[None, :], 1)[:, None], b_krq)
+            b_kk = tl.where(o_t[None, :] == s, tl.sum(b_kw * b_ks[None, :], 1)[:, None], b_kk)  # KK[j, s]
+            b_kq = tl.where(o_t[None, :] == s, tl.sum(b_kw * b_qs[None, :], 1)[:, None], b_kq)  # KQ[j, s]
+    else:
+        # The same products with the keys in K chunks (`_state_tile_offsets`): the history and
+        # window key tiles as [rows, BK // KC, KC], the window keys normalised again in that form
+        # (outputs only; the rings hold the values written above).
+        o_k2 = _state_tile_offsets(BK, KC)
+        mask_k2 = o_k2 < K
+        b_kr3 = tl.load(ring_k + slot * stride_k_slot + (i_h * RL + phys_j)[:, None, None] * K + o_k2[None, :, :],
+                        mask=m_j[:, None, None] & mask_k2[None, :, :], other=0).to(tl.float32)
+        b_kw3 = tl.load(k + i_n * stride_k_row + o_t[:, None, None] * stride_k_tok + i_h * K + o_k2[None, :, :],
+                        mask=m_t[:, None, None] & mask_k2[None, :, :], other=0).to(tl.float32)
+        b_kw3 = b_kw3 / tl.sqrt(tl.sum(tl.sum(b_kw3 * b_kw3, 2), 1) + 1e-6)[:, None, None]
+        for s in tl.static_range(BT):
+            b_ks, b_qs = _state_tile_probe(q, k, i_n, i_h, s, T, stride_q_row, stride_q_tok, stride_k_row,
+                                           stride_k_tok, scale, o_k2, mask_k2, K, KC)
+            b_krk = tl.where(o_t[None, :] == s, _state_tile_dot(b_kr3, b_ks, KC)[:, None], b_krk)
+            b_krq = tl.where(o_t[None, :] == s, _state_tile_dot(b_kr3, b_qs, KC)[:, None], b_krq)
+            b_kk = tl.where(o_t[None, :] == s, _state_tile_dot(b_kw3, b_ks, KC)[:, None], b_kk)  # KK[j, s]
+            b_kq = tl.where(o_t[None, :] == s, _state_tile_dot(b_kw3, b_qs, KC)[:, None], b_kq)  # KQ[j, s]
 
     OFF_WQ: tl.constexpr = BT * RLB
     OFF_M: tl.constexpr = 2 * BT * RLB
