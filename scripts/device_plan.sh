@@ -114,26 +114,22 @@ step_gdn_kc() {
 }
 
 step_gdn_rt() {
-  # The ring history read value-row major in the GDN state launch (configs.gdn_history_rt,
-  # prepared in session 16 without a GPU: 392 -> 144 shuffles per verify program, decode
-  # registers 96 -> 72): the GDN kernel tests, the spec and decode phases at batch 256 with it off
-  # and on (verify and decode), then the benchmark at 256 and 64 rows with it on.
+  # Output-only layouts prepared in session 16 without a GPU (docs/perf.md): the ring history read
+  # value-row major (configs.gdn_history_rt; verify 392 -> 144 shuffles per program offline,
+  # decode registers 96 -> 80), with the verify's K chunk 32 or 16, and the one-warp chunked prep
+  # (configs.gdn_prep). The GDN kernel tests with them on, the spec and decode phases at batch 256
+  # per REPLAYSSM_CONFIG (all in profiles.log), then the benchmark with the history option on.
   run env OUT="$OUT/gdn_rt" REPLAYSSM_CONFIG="gdn_history_rt=1,gdn_prep=1x32" bash scripts/device_kernels.sh gdntests
-  local rt
-  for rt in 0 1; do
-    run env OUT="$OUT/gdn_rt" REPLAYSSM_CONFIG="gdn_history_rt=$rt" GDNPROFILE_TIMEOUT=100 \
+  local cfg
+  for cfg in gdn_history_rt=0 gdn_history_rt=1 gdn_history_rt=1,gdn_state_kc=16x0 gdn_history_rt=1,gdn_prep=1x32; do
+    run env OUT="$OUT/gdn_rt" REPLAYSSM_CONFIG="$cfg" GDNPROFILE_TIMEOUT=100 \
       GDNPROFILE_ARGS="--decode-configs 3x16x1x3x8x0x1 --verify-configs 16x1x2x4 --verify-fills 0,8,12 --fold-lens 12 --reps 15" \
       bash scripts/device_kernels.sh profile
-    [ "$DRY" = 1 ] || mv "$OUT/gdn_rt/profile_gdn.log" "$OUT/gdn_rt/profile_rt$rt.log"
+    [ "$DRY" = 1 ] || { echo "=== REPLAYSSM_CONFIG=$cfg"; cat "$OUT/gdn_rt/profile_gdn.log"; } >>"$OUT/gdn_rt/profiles.log"
   done
-  # The prep launch with one warp and its key tiles in K chunks (configs.gdn_prep, also session 16).
-  run env OUT="$OUT/gdn_rt" REPLAYSSM_CONFIG="gdn_history_rt=1,gdn_prep=1x32" GDNPROFILE_TIMEOUT=100 \
-    GDNPROFILE_ARGS="--decode-configs 3x16x1x3x8x0x1 --verify-configs 16x1x2x4 --verify-fills 0,8,12 --fold-lens 12 --reps 15" \
-    bash scripts/device_kernels.sh profile
-  [ "$DRY" = 1 ] || mv "$OUT/gdn_rt/profile_gdn.log" "$OUT/gdn_rt/profile_rt1_prep1x32.log"
+  [ "$DRY" = 1 ] || rm -f "$OUT/gdn_rt/profile_gdn.log"
   run env OUT="$OUT/gdn_rt" REPLAYSSM_CONFIG="gdn_history_rt=1" BENCH_TIMEOUT=$(( $(left) - 15 )) \
     BENCH_ARGS="--family gdn --batches 256,64" bash scripts/device_kernels.sh bench
-  [ "$DRY" = 1 ] || rm -f "$OUT/gdn_rt/bench.json"  # its rows are in bench.log; $OUT returns 8 files
 }
 
 step_gdn_sweep() {
