@@ -336,5 +336,6 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
         ring_fk.stride(0), rings.g.stride(0), rings.beta.stride(0),
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT, RL=RL, RLB=RLB, NS=NS, EVICT=True, ROWS=row_wp is not None,
         FLUSH=flush_cols > 0, BVF=min(max(flush_cols, 1), BV), UNROLL=gdn_replay_unroll(), TREE=tree,
-        KC=gdn_state_kc(K, decode=row_wp is not None), RT=gdn_history_rt(decode=row_wp is not None), num_warps=num_warps, num_stages=num_stages,
+        KC=gdn_state_kc(K, decode=row_wp is not None), RT=gdn_history_rt(decode=row_wp is not None),
+        num_warps=num_warps, num_stages=num_stages,
     )

@@ -285,7 +285,8 @@ def _gdn_verify_state_kernel(
         # [BV, RLB], read with scalar loads (contiguity hidden from the compiler): the lanes go
         # along V and each thread holds RLB / 2 history entries, so the history sums below add
         # inside a thread and take one shuffle step (four with the vectorised [RLB, BV] read).
-        b_ur = tl.load(ring_d + slot * stride_d_slot + (i_hv * RL + phys_j)[None, :] * V + tl.max_contiguous(o_v, 1)[:, None],
+        o_vs = tl.max_contiguous(o_v, 1)
+        b_ur = tl.load(ring_d + slot * stride_d_slot + (i_hv * RL + phys_j)[None, :] * V + o_vs[:, None],
                        mask=m_j[None, :] & mask_v[:, None], other=0).to(tl.float32)
     else:
         b_ur = tl.load(ring_d + slot * stride_d_slot + (i_hv * RL + phys_j)[:, None] * V + o_v[None, :],
