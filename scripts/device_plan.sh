@@ -250,8 +250,15 @@ step_spec256() {
   env_ready
   # 1300 slots (as decode_fixed's GDN case): session 16 ran this step with 600 slots, which
   # SGLang turned into 120 running requests on both sides (C=256 and C=128 both measured ~120).
-  run "${BENCH[@]}" --model gdn --study spec --only stock,ours --concurrency 256,128 \
-    --server-args="--max-mamba-cache-size 1300 --max-running-requests 256" \
+  # SPEC_SSM_LAYERS (default: bench_serving's) and SPEC_POOL_ARGS: e.g. the real Qwen3-Next count
+  # of 36 GDN layers, so that the GDN layers weigh more in a step (docs/serving.md: with 12 layers
+  # even a free GDN verify bounds the ratio at ~1.4x); stock's intermediate_ssm is then 288 MiB a
+  # request, so 256 running need the radix cache off (SPEC_POOL_ARGS="--disable-radix-cache
+  # --max-running-requests 256").
+  local layers=()
+  [ -n "${SPEC_SSM_LAYERS:-}" ] && layers=(--ssm-layers "$SPEC_SSM_LAYERS")
+  run "${BENCH[@]}" --model gdn --study spec "${layers[@]}" --only stock,ours --concurrency 256,128 \
+    --server-args="${SPEC_POOL_ARGS:---max-mamba-cache-size 1300 --max-running-requests 256}" \
     --out /tmp/b_spec256 --pack "$OUT/spec256.tgz" --time-budget $(( $(left) - 30 ))
 }
 
