@@ -16,6 +16,8 @@
 #   gdn_rt         GDN kernel tests with the value-row-major ring history (configs.gdn_history_rt) and the
 #                  one-warp chunked prep (configs.gdn_prep); the spec/decode phases at batch 256 with
 #                  them off and on; the benchmark with the history option on  [.whl]
+#   gdn_shfl       the shuffle form of the GDN exact replay (configs.gdn_k_tree=2): GDN kernel tests with
+#                  it on, decode/fold phases at batch 256 plain vs shuffle, the benchmark with it  [.whl]
 #   gdn_sweep      GDN launch plans and the exact replay's unroll depths vs SGLang's kernels  [.whl]
 #   e2e320         Nemotron-H + NEXTN parity at 320 running requests      [.whl2 .tiny]
 #   e2e_dispatch   GDN decode plan 3 and the ring decode from 64 rows: the 32-prompt cases (ring at
@@ -113,6 +115,19 @@ step_gdn_kc() {
     bash scripts/device_kernels.sh bench
 }
 
+# profile_per_config DIR "PROFILE_ARGS" CFG...: the GDN phase profile once per REPLAYSSM_CONFIG,
+# all of them in DIR/profiles.log (one file: $OUT comes back with at most 8 files).
+profile_per_config() {
+  local dir=$1 args=$2 cfg
+  shift 2
+  for cfg in "$@"; do
+    run env OUT="$dir" REPLAYSSM_CONFIG="$cfg" GDNPROFILE_TIMEOUT=100 GDNPROFILE_ARGS="$args" \
+      bash scripts/device_kernels.sh profile
+    [ "$DRY" = 1 ] || { echo "=== REPLAYSSM_CONFIG=$cfg"; cat "$dir/profile_gdn.log"; } >>"$dir/profiles.log"
+  done
+  [ "$DRY" = 1 ] || rm -f "$dir/profile_gdn.log"
+}
+
 step_gdn_rt() {
   # Output-only layouts prepared in session 16 without a GPU (docs/perf.md): the ring history read
   # value-row major (configs.gdn_history_rt; verify 392 -> 144 shuffles per program offline,
@@ -120,15 +135,26 @@ step_gdn_rt() {
   # (configs.gdn_prep). The GDN kernel tests with them on, the spec and decode phases at batch 256
   # per REPLAYSSM_CONFIG (all in profiles.log), then the benchmark with the history option on.
   run env OUT="$OUT/gdn_rt" REPLAYSSM_CONFIG="gdn_history_rt=1,gdn_prep=1x32" bash scripts/device_kernels.sh gdntests
-  local cfg
-  for cfg in gdn_history_rt=0 gdn_history_rt=1 gdn_history_rt=1,gdn_state_kc=16x0 gdn_history_rt=1,gdn_prep=1x32; do
-    run env OUT="$OUT/gdn_rt" REPLAYSSM_CONFIG="$cfg" GDNPROFILE_TIMEOUT=100 \
-      GDNPROFILE_ARGS="--decode-configs 3x16x1x3x8x0x1 --verify-configs 16x1x2x4 --verify-fills 0,8,12 --fold-lens 12 --reps 15" \
-      bash scripts/device_kernels.sh profile
-    [ "$DRY" = 1 ] || { echo "=== REPLAYSSM_CONFIG=$cfg"; cat "$OUT/gdn_rt/profile_gdn.log"; } >>"$OUT/gdn_rt/profiles.log"
-  done
-  [ "$DRY" = 1 ] || rm -f "$OUT/gdn_rt/profile_gdn.log"
+  profile_per_config "$OUT/gdn_rt" \
+    "--decode-configs 3x16x1x3x8x0x1 --verify-configs 16x1x2x4 --verify-fills 0,8,12 --fold-lens 12 --reps 15" \
+    gdn_history_rt=0 gdn_history_rt=1 gdn_history_rt=1,gdn_state_kc=16x0 gdn_history_rt=1,gdn_prep=1x32
   run env OUT="$OUT/gdn_rt" REPLAYSSM_CONFIG="gdn_history_rt=1" BENCH_TIMEOUT=$(( $(left) - 15 )) \
+    BENCH_ARGS="--family gdn --batches 256,64" bash scripts/device_kernels.sh bench
+}
+
+step_gdn_shfl() {
+  # The shuffle form of the GDN exact replay (configs.gdn_k_tree=2, gdn/lanes.py), prepared in
+  # session 17 without a GPU: the tree form's order with SGLang's own tile and the cross-lane sums
+  # as one reduce-scatter + all-gather (16 shuffles per entry for 8 columns instead of 45; offline
+  # fold 180 -> 64 shuffles at the same 64 registers). The GDN kernel tests with it on (state
+  # torch.equal to SGLang's kernel: the lane layout and the inline PTX are CPU-checked, the bits
+  # only here), the decode flush and commit-fold phases at batch 256 with the plain form and with it (profiles.log), then
+  # the benchmark at batches 256 and 64 with it.
+  run env OUT="$OUT/gdn_shfl" REPLAYSSM_CONFIG="gdn_k_tree=2" bash scripts/device_kernels.sh gdntests
+  profile_per_config "$OUT/gdn_shfl" \
+    "--decode-configs 3x16x1x3x8x0x1 --verify-configs 16x1x2x4 --verify-fills 0,8 --fold-lens 4,12,15 --reps 15" \
+    gdn_k_tree=0 gdn_k_tree=2
+  run env OUT="$OUT/gdn_shfl" REPLAYSSM_CONFIG="gdn_k_tree=2" BENCH_TIMEOUT=$(( $(left) - 15 )) \
     BENCH_ARGS="--family gdn --batches 256,64" bash scripts/device_kernels.sh bench
 }
 
@@ -269,7 +295,7 @@ step_aime() {
     --time-budget $(( $(left) - 30 ))
 }
 
-STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
+STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
 [ $# -gt 0 ] || { echo "usage: $0 STEP [STEP ...]; steps: ${STEPS[*]}" >&2; exit 2; }
 for s in "$@"; do
   [[ " ${STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s; steps: ${STEPS[*]}" >&2; exit 2; }

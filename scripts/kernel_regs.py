@@ -2,6 +2,8 @@
 
     python scripts/kernel_regs.py            # GDN launch plans at the Qwen3-Next head shape,
                                              # then the Mamba-2 decode plans at the Super shape
+    python scripts/kernel_regs.py --shuffle-form   # the GDN shuffle-form replay kernels: JSON lines
+                                                   # with shfl counts and inline-asm operand layouts
 
 Compiles each kernel variant with Triton for `cuda:90` (no device needed) and runs the `ptxas`
 that ships with Triton (`-v`) on the PTX: registers per thread and spill bytes. One warp-wide
@@ -26,11 +28,16 @@ PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bi
 TARGET = GPUTarget("cuda", 90, 32)
 
 
-def ptxas_report(kernel, signature: dict, constexprs: dict, num_warps: int, num_stages: int = 3):
-    """(registers, spill store bytes, spill load bytes) of one compiled variant, specialised as a
-    launch specialises it (`divisibility_attrs`)."""
+def compile_variant(kernel, signature: dict, constexprs: dict, num_warps: int, num_stages: int = 3):
+    """One variant compiled for sm_90, specialised as a launch specialises it (`divisibility_attrs`)."""
     src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=divisibility_attrs(kernel, signature))
-    compiled = triton.compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
+    return triton.compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def ptxas_report(kernel, signature: dict, constexprs: dict, num_warps: int, num_stages: int = 3, compiled=None):
+    """(registers, spill store bytes, spill load bytes) of one compiled variant."""
+    if compiled is None:
+        compiled = compile_variant(kernel, signature, constexprs, num_warps, num_stages)
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(compiled.asm["ptx"])
     out = subprocess.run([PTXAS, "-v", "--gpu-name=sm_90a", f.name, "-o", os.devnull],
@@ -140,6 +147,52 @@ def gdn_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
     return rows
 
 
+def asm_operand_layouts(ttgir: str) -> list[tuple[str, str]]:
+    """(shape, layout) of the operand of every inline-asm op in a TTGIR module, its layout alias
+    resolved (`#blocked3` -> `#ttg.blocked<{...}>`)."""
+    aliases = dict(re.findall(r"^(#\w+) = (.*)$", ttgir, flags=re.M))
+    ops = re.findall(r"tt\.elementwise_inline_asm .*? : tensor<([0-9x]+)xf32, (#\w+)> ->", ttgir)
+    return [(shape, aliases.get(alias, alias)) for shape, alias in ops]
+
+
+def shuffle_form_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
+    """The kernels that replay in the shuffle form (`gdn_k_tree` = 2, gdn/lanes.py): the fold, the
+    decode plan-3 state launch (flush rows) and the flush launch of plans 0-2. Per variant: name,
+    registers, spill bytes, `shfl.sync` count in the PTX, and the inline-asm operand layouts."""
+    from replayssm_kernels.configs import gdn_replay_unroll
+    from replayssm_kernels.gdn import decode, fold, verify_split
+
+    act = {n: "*bf16" for n in ("q", "k", "v", "a", "b", "o", "ring_d", "ring_rawv", "ring_rawk")}
+    f32 = {n: "*fp32" for n in ("A_log", "dt_bias", "state", "dst", "ring_k", "ring_g", "ring_beta", "scratch",
+                                "ring_fk")}
+    i32 = {n: "*i32" for n in ("slot_idx", "row_wp", "row_flush", "origin", "wpos", "dst_idx", "row_nfold",
+                               "row_origin", "snap_at", "snap_slot")}
+    ptrs = {**act, **f32, **i32}
+    ptrs_fold = dict(ptrs, ring_rawk="*fp32")  # the replay's keys come from the fp32 `k` ring
+    BK, RLB = triton.next_power_of_2(K), triton.next_power_of_2(L)
+    variants = []
+    for bvf in (8, 4, 16):
+        c = dict(H=H, HV=HV, K=K, V=V, BK=BK, BV=32, BVF=bvf, RL=L, HAS_DST=False, HAS_SNAP=True,
+                 UNROLL=gdn_replay_unroll(), TREE=2)
+        variants.append((f"fold shuffle cols{bvf}", fold._gdn_fold_kernel, ptrs_fold, c, 1, 3))
+    ns = verify_split.scratch_floats(1, RLB)
+    c = dict(H=H, HV=HV, K=K, V=V, BK=BK, BV=16, BT=1, RL=L, RLB=RLB, NS=ns, EVICT=True, ROWS=True, FLUSH=True,
+             BVF=8, UNROLL=gdn_replay_unroll(), TREE=2)
+    variants.append(("decode plan 3 state launch shuffle bv16 flushcols8", verify_split._gdn_verify_state_kernel,
+                     ptrs, c, 1, 2))
+    c = dict(H=H, HV=HV, K=K, V=V, BK=BK, BV=32, BVF=8, RL=L, RLB=RLB, USE_DOT=False, EVICT=True, PHASE=2,
+             UNROLL=gdn_replay_unroll(), TREE=2)
+    variants.append(("decode flush launch shuffle bv32 flushcols8", decode._gdn_decode_kernel, ptrs, c, 1, 3))
+    rows = []
+    for name, kern, p, c, warps, stages in variants:
+        compiled = compile_variant(kern, signature(kern, p, c), c, warps, stages)
+        regs, st, ld = ptxas_report(kern, None, c, warps, stages, compiled=compiled)
+        rows.append(dict(name=name, regs=regs, spill_stores=st, spill_loads=ld,
+                         shfl=len(re.findall(r"\bshfl\.sync", compiled.asm["ptx"])),
+                         asm_operands=asm_operand_layouts(compiled.asm["ttgir"])))
+    return rows
+
+
 def mamba2_rows(NH=128, P=64, G=8, N=128, L=16, T=4):
     """The Mamba-2 decode kernel: the default one-launch tile, the split plans' launches
     (`configs.mamba2_decode_plan`; the plans of `configs.MAMBA2_DECODE_SWEEP`) and the chunked tiles
@@ -188,7 +241,19 @@ def mamba2_rows(NH=128, P=64, G=8, N=128, L=16, T=4):
     return rows
 
 
-def main():
+def main(argv=None):
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shuffle-form", action="store_true",
+                    help="only the shuffle-form kernels (gdn_k_tree = 2), one JSON line each, with their "
+                         "shfl count and inline-asm operand layouts")
+    args = ap.parse_args(argv)
+    if args.shuffle_form:
+        for row in shuffle_form_rows():
+            print(json.dumps(row), flush=True)
+        return
     print(f"| kernel (GDN, H=16, HV=32, K=V=128, L=16, T=4; sm_90, triton {triton.__version__}) "
           "| registers | spill stores (B) | spill loads (B) |")
     print("|---|---:|---:|---:|")

@@ -9,9 +9,10 @@ import sys
 
 import pytest
 
+from replayssm_kernels.configs import parse_plan
 from script_loader import ROOT, load_script
 
-STEPS = ["install", "kernels", "m2_profile", "m2_sweep", "gdn_profile", "gdn_sweep", "e2e320", "e2e_dispatch", "e2e_prefix", "spec_c1", "spec_fit",
+STEPS = ["install", "kernels", "m2_profile", "m2_sweep", "gdn_profile", "gdn_kc", "gdn_rt", "gdn_shfl", "gdn_sweep", "e2e320", "e2e_dispatch", "e2e_prefix", "spec_c1", "spec_fit",
          "spec_fit2", "decode_fixed", "spec256", "aime"]
 CASE = re.compile(r"^(qwen3_next|nemotron_h)((:(nextn|ring|radix|nobuffer|retract|mixed))*)$")
 
@@ -58,10 +59,14 @@ def test_every_step_command_parses(tmp_path, monkeypatch):
             aime.parse_args(cmd[cmd.index("scripts/aime_parity.py") + 1:])
             seen["aime"] += 1
         elif "scripts/device_kernels.sh" in cmd:
-            assert cmd[-1] in ("tests", "bench", "m2profile", "profile") and any(x.startswith("OUT=") for x in cmd), joined
+            assert cmd[-1] in ("tests", "gdntests", "bench", "m2profile", "profile") and any(x.startswith("OUT=") for x in cmd), joined
             prof_args = [x[len("GDNPROFILE_ARGS="):] for x in cmd if x.startswith("GDNPROFILE_ARGS=")]
             if prof_args:  # parsed (and its plans checked) by the profiler's own parser
                 load_script("profile_gdn_phases").parse_args(["--batch", "256", "--ceiling", *shlex.split(prof_args[0])])
+            for cfg in (x[len("REPLAYSSM_CONFIG="):] for x in cmd if x.startswith("REPLAYSSM_CONFIG=")):
+                for item in cfg.split(","):  # what configs._env_overrides would refuse on the GPU
+                    name, _, val = item.partition("=")
+                    assert parse_plan(name, val) is not None, f"REPLAYSSM_CONFIG entry {item!r} in {joined}"
             bench_args = [x[len("BENCH_ARGS="):] for x in cmd if x.startswith("BENCH_ARGS=")]
             if bench_args:
                 # bench_kernels parses its flags before it asks for a GPU: on the CPU a good command
@@ -80,7 +85,7 @@ def test_every_step_command_parses(tmp_path, monkeypatch):
             if driver:  # extra e2e_parity.py flags: parsed with the driver's own parser
                 e2e.parse_args(["--model", "m", *shlex.split(driver[0])])
             seen["e2e"] += 1
-    assert seen == {"bench": 6, "aime": 1, "e2e": 5, "fit": 3, "kernels": 5}, seen
+    assert seen == {"bench": 6, "aime": 1, "e2e": 5, "fit": 3, "kernels": 20}, seen
 
 
 def test_unknown_step_is_refused(tmp_path):

@@ -1,4 +1,4 @@
-"""The tree form of the GDN exact replay (K = 128; `replayssm_kernels/gdn/common.py`).
+"""The tree and shuffle forms of the GDN exact replay (K = 128; `replayssm_kernels/gdn/common.py`).
 
 On the H200 the tree form runs by default at K = 128, and `test_gdn_kernels.py` checks its state
 against SGLang's own kernel there (`torch.equal`). Under the interpreter SGLang's sums are numpy's
@@ -8,7 +8,9 @@ model of the order the GPU runs SGLang's kernel in (read from its PTX for sm_90;
 g ^ 16, 8, 4, 2, 1. The interpreter rounds `fma` twice, so the model does too; the GPU's single
 rounding is the GPU tests' business. Every writer of the `k` ring is covered (the tree-form replay
 reads its keys from there): decode (one launch and split plans), verify (one launch, two launch,
-matrix form).
+matrix form). The shuffle form (`gdn_k_tree` = 2) has the tree form's order and keys; here its
+cross-lane sums run as the interpreter's tensor sums (gdn/lanes.py), and `test_gdn_lanes.py`
+checks its PTX and its lane layout.
 """
 
 import numpy as np
@@ -99,14 +101,20 @@ DECODE_PLANS = [
 ]
 
 
-@pytest.mark.parametrize("plan", DECODE_PLANS)
-def test_tree_decode_state_follows_gpu_order(plan):
-    """Decode in the tree form, L = 4: after every step the committed state (pending entries
-    folded) equals the GPU-order model, and so do the outputs of flush steps."""
+FORMS = [pytest.param(1, id="tree"), pytest.param(2, id="shuffle")]
+# The shuffle form's cross-lane sums need the tile in one warp (gdn/lanes.py).
+FORM_PLANS = [(1, p) for p in DECODE_PLANS] + [(2, p) for p in DECODE_PLANS if "two-warps" not in p.id]
+
+
+@pytest.mark.parametrize("form,plan", [pytest.param(f, p.values[0], id=f"{('tree', 'shuffle')[f - 1]}-{p.id}")
+                                       for f, p in FORM_PLANS])
+def test_tree_decode_state_follows_gpu_order(form, plan):
+    """Decode in the tree or shuffle form, L = 4: after every step the committed state (pending
+    entries folded) equals the GPU-order model, and so do the outputs of flush steps."""
     B, H, HV, V, L = 2, 1, 2, 16, 4
     gen, h, model = _setup(B, H, HV, V, L, 1, seed=3)
     flushes = 0
-    with overrides((("gdn_k_tree", (1,)), *plan)):
+    with overrides((("gdn_k_tree", (form,)), *plan)):
         for step in range(2 * L + 1):
             q, k, v, a, b = (t[:, 0] for t in _inputs(gen, B, 1, H, HV, V))
             flush = (h.pending() + 1 >= L).tolist()
@@ -120,17 +128,18 @@ def test_tree_decode_state_follows_gpu_order(plan):
     assert flushes >= 2 * B
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("verify_cfg", [
     pytest.param(None, id="default-two-launch"),
     pytest.param((32, 1, 2, 0), id="one-launch"),
     pytest.param((16, 1, 2, 2), id="matrix-form"),
 ])
-def test_tree_verify_commit_state_follows_gpu_order(verify_cfg):
-    """Verify + commit in the tree form (L = 8, T = 3, a different accept count per row, several
-    folds): the committed state equals the GPU-order model after every commit."""
+def test_tree_verify_commit_state_follows_gpu_order(verify_cfg, form):
+    """Verify + commit in the tree or shuffle form (L = 8, T = 3, a different accept count per
+    row, several folds): the committed state equals the GPU-order model after every commit."""
     B, H, HV, V, L, T = 2, 1, 2, 16, 8, 3
     gen, h, model = _setup(B, H, HV, V, L, T, seed=5)
-    items = [("gdn_k_tree", (1,))] + ([("gdn_verify", verify_cfg)] if verify_cfg else [])
+    items = [("gdn_k_tree", (form,))] + ([("gdn_verify", verify_cfg)] if verify_cfg else [])
     with overrides(items):
         for step in range(5):
             q, k, v, a, b = _inputs(gen, B, T, H, HV, V)
@@ -169,3 +178,26 @@ def test_tree_model_tells_the_orders_apart():
 
     assert np.array_equal(butterfly((16, 8, 4, 2, 1)), _dot(x, y))
     assert not np.array_equal(butterfly((8, 16, 4, 2, 1)), _dot(x, y))
+
+
+def test_shuffle_form_needs_one_warp():
+    """A decode plan with a two-warp state launch is refused in the shuffle form (its cross-lane
+    sums assume one warp), with the setting named; the plain form refuses it too."""
+    B, H, HV, V, L = 2, 1, 2, 16, 4
+    gen, h, _ = _setup(B, H, HV, V, L, 1, seed=3)
+    q, k, v, a, b = (t[:, 0] for t in _inputs(gen, B, 1, H, HV, V))
+    for form in (0, 2):
+        with overrides((("gdn_k_tree", (form,)), ("gdn_decode", (3, 16, 2, 3, 16, 0, 1)))):
+            with pytest.raises(ValueError, match="one warp.*gdn_k_tree=1"):
+                h.decode(q, k, v, a, b)
+
+
+def test_replay_form_setting_is_checked():
+    """gdn_k_tree takes 0, 1 or 2 (REPLAYSSM_CONFIG); another number is refused with the choices."""
+    from replayssm_kernels.configs import gdn_k_tree
+
+    with override("gdn_k_tree", (3,)):
+        with pytest.raises(ValueError, match="gdn_k_tree=3.*2 = shuffle"):
+            gdn_k_tree(128)
+    with override("gdn_k_tree", (2,)):
+        assert gdn_k_tree(128) == 2 and gdn_k_tree(64) == 0

@@ -61,8 +61,8 @@ def describe() -> str:
         f"gdn_history_rt={int(gdn_history_rt(False))}x{int(gdn_history_rt(True))} (committed ring entries read "
         "value-row major in the GDN state launch, verify x decode)",
         "gdn_prep=" + "x".join(map(str, gdn_prep_plan(128))) + " (GDN verify prep launch: warps x K chunk)",
-        f"gdn_k_tree={int(gdn_k_tree(128))} (K = 128: exact replay with the K sums written as the baseline's lane "
-        "tree, gdn/common.py; 0 = the baseline's own expressions)",
+        f"gdn_k_tree={gdn_k_tree(128)} (K = 128, exact replay: 0 = the baseline's own expressions, 1 = the K "
+        "sums written as the baseline's lane tree, 2 = that order with cross-lane sums by shuffles; gdn/common.py)",
         f"gdn_ring_min_batch={ring_min_batch('gdn')} (below: SGLang's packed decode on folded checkpoints; "
         "a GDN server without speculative decoding that cannot run this many requests allocates no rings)",
         f"mamba2_ring_min_batch={ring_min_batch('mamba2')} (below: exact recurrence every step)",
@@ -105,7 +105,7 @@ class GDNDecodeConfig:
         kernels with T = 1 (ring products once per key head, then a light state pass). The flush
         launch always uses the baseline's tile (32 columns, one warp). 3 = as 2 without the flush
         launch: the state pass runs the flush rows on the exact path itself (`block_v` columns,
-        `flush_cols` at a time; one warp unless the tree form is on).
+        `flush_cols` at a time; one warp unless the tree form (1) is on).
     flush_cols: V columns replayed at a time by the exact (flush) path (divides 32).
     use_dot: non-flush products on tensor cores (tf32x3) instead of warp reductions.
     evict_first: stream the checkpoint through L2 on non-flush rows.
@@ -296,16 +296,24 @@ def gdn_replay_unroll() -> int:
 
 # The tree form of the GDN exact replay (gdn/common.py): off until the H200 tests show it
 # bit-identical to SGLang's kernel. Never under the interpreter unless asked for (numpy sums there).
-_GDN_K_TREE = False
+# 2 = the shuffle form (the tree form's order, the baseline's tile, cross-lane sums by
+# gdn/lanes.py): prepared in session 17 without a GPU, not measured, off.
+_GDN_K_TREE = 0
+GDN_K_FORMS = {0: "plain", 1: "tree", 2: "shuffle"}
 
 
-def gdn_k_tree(K: int) -> bool:
-    """Whether the GDN exact replay (decode flush, fold) at this K runs in the tree form."""
+def gdn_k_tree(K: int) -> int:
+    """The form of the GDN exact replay (decode flush, fold) at this K: 0 = SGLang's own
+    expressions, 1 = the tree form, 2 = the shuffle form (gdn/common.py; K = 128 only)."""
     if K != 128:
-        return False
+        return 0
     if "gdn_k_tree" in _OVERRIDES:
-        return bool(_OVERRIDES["gdn_k_tree"][0])
-    return _GDN_K_TREE and os.environ.get("TRITON_INTERPRET", "0") != "1"
+        form = _OVERRIDES["gdn_k_tree"][0]
+        if form not in GDN_K_FORMS:
+            raise ValueError(f"gdn_k_tree={form}: expected one of {sorted(GDN_K_FORMS)} "
+                             f"({', '.join(f'{k} = {v}' for k, v in GDN_K_FORMS.items())}); fix REPLAYSSM_CONFIG")
+        return form
+    return _GDN_K_TREE if os.environ.get("TRITON_INTERPRET", "0") != "1" else 0
 
 
 def ring_min_batch(family: str) -> int:

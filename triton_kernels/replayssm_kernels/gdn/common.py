@@ -25,10 +25,18 @@ fp32 `k` ring, so the tree-form replay reads normalised keys from that ring inst
 raw keys again. The GPU tests check every step against SGLang's kernel. Under the interpreter the
 baseline's own sums are numpy's, so there the plain form (SGLang's expressions) is the one that
 matches, and the tree form is checked against a numpy model of the GPU order instead.
+
+The shuffle form (`TREE` = 2, same keys and order as the tree form): the state tile is held as
+SGLang's kernel holds it, each lane with its 4 keys of every column (`[BVF, BK]`, K along axis 1,
+one warp), the per-lane chains are written out as in the tree form, and the sums across lanes
+come from `lanes.lane_allsum`: 16 shuffles per entry for 8 columns instead of the butterfly's 40,
+with the butterfly's pairings, and the key is not replicated across lanes.
 """
 
 import triton
 import triton.language as tl
+
+from .lanes import lane_allsum
 
 
 @triton.jit
@@ -80,7 +88,7 @@ def gdn_exact_step(b_h, b_k, b_v, b_g, b_beta):
 def gdn_k_offsets(BK: tl.constexpr, TREE: tl.constexpr):
     """Offsets along K of a state tile: `[BK]`, or for the tree form `[4 (lo), 8 (hi), 4 (e)]` =
     `16*hi + 4*lo + e`. Keys and queries are loaded as `[BK]` either way (see `gdn_l2norm_k`)."""
-    if TREE:
+    if TREE == 1:
         o_lo = tl.arange(0, 4)
         o_hi = tl.arange(0, 8)
         o_e = tl.arange(0, 4)
@@ -91,9 +99,12 @@ def gdn_k_offsets(BK: tl.constexpr, TREE: tl.constexpr):
 
 @triton.jit
 def gdn_state_offsets(o_k, o_v, mask_k, mask_v, K: tl.constexpr, TREE: tl.constexpr):
-    """(offsets, mask) of a `[V, K]` state block's tile: `[BK, BVF]`, or `[BVF, 4, 8, 4]` (tree)."""
-    if TREE:
+    """(offsets, mask) of a `[V, K]` state block's tile: `[BK, BVF]`, `[BVF, 4, 8, 4]` (tree) or
+    `[BVF, BK]` (shuffle form)."""
+    if TREE == 1:
         return o_v[:, None, None, None] * K + o_k[None, :, :, :], mask_v[:, None, None, None] & mask_k[None, :, :, :]
+    elif TREE == 2:
+        return o_v[:, None] * K + o_k[None, :], mask_v[:, None] & mask_k[None, :]
     else:
         return o_v[None, :] * K + o_k[:, None], mask_k[:, None] & mask_v[None, :]
 
@@ -178,6 +189,39 @@ def gdn_tree_step(b_h, b_kn, b_v, b_g, b_beta):
 
 
 @triton.jit
+def _split4(x):
+    """`[..., 32, 4]` -> its 4 slices along the last axis."""
+    R: tl.constexpr = x.shape[0]
+    a, b = tl.split(tl.reshape(x, [R, 32, 2, 2]))  # a: e = 0, 2; b: e = 1, 3
+    x0, x2 = tl.split(a)
+    x1, x3 = tl.split(b)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def gdn_shfl_dot(h, x):
+    """Per-column sum over K of `h * x` in the baseline's order, for a `[N, 128]` tile held as the
+    baseline holds it (lane g: K = 4g .. 4g+3): each lane's 4-product chain, then
+    `lanes.lane_allsum`. `x` is a `[128]` key / query. Returns `[N, 32]`, the sum in every lane."""
+    N: tl.constexpr = h.shape[0]
+    h0, h1, h2, h3 = _split4(tl.reshape(h, [N, 32, 4]))
+    x0, x1, x2, x3 = _split4(tl.reshape(x, [1, 32, 4]))
+    return lane_allsum(_chain4(h0, h1, h2, h3, x0, x1, x2, x3))
+
+
+@triton.jit
+def gdn_shfl_step(b_h, b_kn, b_v, b_g, b_beta):
+    """`gdn_exact_step` on a `[BVF, 128]` tile (shuffle form) with an already normalised `[128]` key."""
+    N: tl.constexpr = b_h.shape[0]
+    b_h *= tl.exp(b_g)
+    b_u = b_v[:, None] - gdn_shfl_dot(b_h, b_kn)  # [N, 32]: the same value in every lane
+    b_u *= b_beta
+    b_h3 = tl.reshape(b_h, [N, 32, 4])
+    b_h3 += tl.reshape(b_kn, [1, 32, 4]) * b_u[:, :, None]
+    return tl.reshape(b_h3, [N, 128])
+
+
+@triton.jit
 def _gdn_replay_entry(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, phys, K: tl.constexpr, V: tl.constexpr,
                       TREE: tl.constexpr):
     b_rv = tl.load(p_rv + phys * V + o_v, mask=mask_v, other=0).to(tl.float32)
@@ -186,7 +230,10 @@ def _gdn_replay_entry(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, phy
     if TREE:
         # The fp32 `k` ring: every writer normalised it with gdn_l2norm_rows(TREE), i.e. exactly.
         b_kn = tl.load(p_rk + phys * K + o_k)
-        b_h = gdn_tree_step(b_h, b_kn, b_rv, b_rg, b_rb)
+        if TREE == 1:
+            b_h = gdn_tree_step(b_h, b_kn, b_rv, b_rg, b_rb)
+        else:
+            b_h = gdn_shfl_step(b_h, b_kn, b_rv, b_rg, b_rb)
     else:
         b_rk = tl.load(p_rk + phys * K + o_k, mask=mask_k, other=0).to(tl.float32)
         b_h, b_rk = gdn_exact_step(b_h, b_rk, b_rv, b_rg, b_rb)
@@ -198,7 +245,8 @@ def gdn_replay(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org, n, p_
                K: tl.constexpr, V: tl.constexpr, RL: tl.constexpr, UNROLL: tl.constexpr, HAS_SNAP: tl.constexpr,
                TREE: tl.constexpr = False):
     """Replay ring entries `0..n-1` (physical `(org + j) % RL`) into the state tile, exactly
-    (`[BK, BVF]`, or `[BVF, 4, 8, 4]` in the tree form; `o_k` / `p_snap` laid out to match).
+    (`[BK, BVF]`, `[BVF, 4, 8, 4]` in the tree form, `[BVF, BK]` in the shuffle form; `o_k` /
+    `p_snap` laid out to match).
 
     `p_rk` / `p_rv` point at this key / value head's raw-k (tree form: normalised fp32 `k`) / raw-v
     ring row 0 (no column offsets),
@@ -238,9 +286,11 @@ def gdn_decode_flush(
     b_q = tl.load(p_q + o_kq, mask=o_kq < K, other=0).to(tl.float32)
     b_q = gdn_l2norm_vec(b_q, TREE)
     b_q = b_q * scale
-    if TREE:
+    if TREE == 1:
         b_k = gdn_tree_vec(gdn_l2norm_vec(b_k, TREE))
         b_q = gdn_tree_vec(b_q)
+    elif TREE == 2:
+        b_k = gdn_l2norm_vec(b_k, TREE)
     o_k = gdn_k_offsets(BK, TREE)
     mask_k = o_k < K
     for i_f in tl.static_range(BV // BVF):
@@ -252,11 +302,18 @@ def gdn_decode_flush(
         b_h = gdn_replay(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org, wp, p_h, 0, mask_h,
                          K, V, RL, UNROLL, False, TREE)
         b_v = tl.load(p_vin + o_v, mask=mask_v, other=0).to(tl.float32)
-        if TREE:
-            b_h = gdn_tree_step(b_h, b_k, b_v, b_g, b_beta)
-            b_o = gdn_tree_dot(b_h, b_q)
+        if TREE == 2:
+            b_h = gdn_shfl_step(b_h, b_k, b_v, b_g, b_beta)
+            o_g = tl.arange(0, 32)
+            # [BVF, 32], the same in every lane: lane 0 stores it.
+            tl.store(p_o + o_v[:, None] + o_g[None, :] * 0, gdn_shfl_dot(b_h, b_q).to(p_o.dtype.element_ty),
+                     mask=mask_v[:, None] & (o_g[None, :] == 0))
         else:
-            b_h, b_kn = gdn_exact_step(b_h, b_k, b_v, b_g, b_beta)
-            b_o = tl.sum(b_h * b_q[:, None], 0)
-        tl.store(p_o + o_v, b_o.to(p_o.dtype.element_ty), mask=mask_v)
+            if TREE == 1:
+                b_h = gdn_tree_step(b_h, b_k, b_v, b_g, b_beta)
+                b_o = gdn_tree_dot(b_h, b_q)
+            else:
+                b_h, b_kn = gdn_exact_step(b_h, b_k, b_v, b_g, b_beta)
+                b_o = tl.sum(b_h * b_q[:, None], 0)
+            tl.store(p_o + o_v, b_o.to(p_o.dtype.element_ty), mask=mask_v)
         tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_h)

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import (gdn_history_rt, gdn_k_tree, gdn_prep_plan, gdn_replay_unroll, gdn_state_kc,
+from ..configs import (GDN_K_FORMS, gdn_history_rt, gdn_k_tree, gdn_prep_plan, gdn_replay_unroll, gdn_state_kc,
                        gdn_verify_config)
 from .common import gdn_gate, gdn_l2norm, gdn_l2norm_vec, gdn_tile_ids
 from .verify_mm import _gdn_verify_mm_kernel
@@ -309,9 +309,10 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
     sq, sk, sv = _strides4(q, K, "q"), _strides4(k, K, "k"), _strides4(v, V, "v")
     rows = (row_wp, row_flush) if row_wp is not None else (slot_idx, slot_idx)  # unused without ROWS
     tree = gdn_k_tree(K)
-    if flush_cols and num_warps != 1 and not tree:
-        raise ValueError("the exact decode path in the state launch needs one warp (the plain form's "
-                         "sums follow the layout); use num_warps=1 or the tree form (REPLAYSSM_CONFIG=gdn_k_tree=1)")
+    if flush_cols and num_warps != 1 and tree != 1:
+        raise ValueError(f"the exact decode path in the state launch needs one warp in the {GDN_K_FORMS[tree]} "
+                         "form (its sums follow the warp's lanes); use num_warps=1 or the tree form "
+                         "(REPLAYSSM_CONFIG=gdn_k_tree=1)")
     ring_fk = rings.replay_keys(tree)
     prep_warps, prep_kc = gdn_prep_plan(K)
     _gdn_verify_prep_kernel[(B * H,)](
