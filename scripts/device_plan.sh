@@ -145,8 +145,8 @@ step_gdn_rt() {
 step_gdn_shfl() {
   # The shuffle form of the GDN exact replay (configs.gdn_k_tree=2, gdn/lanes.py), prepared in
   # session 17 without a GPU: the tree form's order with SGLang's own tile and the cross-lane sums
-  # as one reduce-scatter + all-gather (16 shuffles per entry for 8 columns instead of 45; offline
-  # fold 180 -> 64 shuffles at the same 64 registers). The GDN kernel tests with it on (state
+  # as one reduce-scatter (17 shuffles per entry for 8 columns instead of 45; offline fold loop
+  # 272 -> 200 SASS instructions per entry and sub-tile at the same 64 registers). The GDN kernel tests with it on (state
   # torch.equal to SGLang's kernel: the lane layout and the inline PTX are CPU-checked, the bits
   # only here), the decode flush and commit-fold phases at batch 256 with the plain form and with it (profiles.log), then
   # the benchmark at batches 256 and 64 with it.

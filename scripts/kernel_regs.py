@@ -4,6 +4,7 @@
                                              # then the Mamba-2 decode plans at the Super shape
     python scripts/kernel_regs.py --shuffle-form   # the GDN shuffle-form replay kernels: JSON lines
                                                    # with shfl counts and inline-asm operand layouts
+    python scripts/kernel_regs.py --replay-loop    # SASS of the GDN fold's replay loop per form
 
 Compiles each kernel variant with Triton for `cuda:90` (no device needed) and runs the `ptxas`
 that ships with Triton (`-v`) on the PTX: registers per thread and spill bytes. One warp-wide
@@ -193,6 +194,57 @@ def shuffle_form_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
     return rows
 
 
+NVDISASM = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+
+
+def sass_loops(cubin: bytes) -> list[tuple[int, dict]]:
+    """(instructions, opcode counts) of each loop body (label .. backward branch) in a cubin's SASS."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    sass = subprocess.run([NVDISASM, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    os.unlink(f.name)
+    labels, ins = {}, []
+    for line in sass.splitlines():
+        m = re.match(r"\s*(\.L_x_\d+):", line)
+        if m:
+            labels[m.group(1)] = len(ins)
+            continue
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(.*?);", line)
+        if m:
+            ins.append(m.group(1))
+    loops = []
+    for i, text in enumerate(ins):
+        m = re.search(r"\bBRA\b.*?(\.L_x_\d+)", text)
+        if m and labels.get(m.group(1), len(ins)) <= i:
+            ops: dict[str, int] = {}
+            for op in ins[labels[m.group(1)]:i + 1]:
+                name = re.sub(r"^@!?U?P\w+\s+", "", op).split()[0].split(".")[0]
+                ops[name] = ops.get(name, 0) + 1
+            loops.append((i + 1 - labels[m.group(1)], ops))
+    return loops
+
+
+def replay_loop_rows(H=16, HV=32, K=128, V=128, L=16):
+    """The commit fold's replay loop (one ring entry, one 8-column sub-tile) per form of the exact
+    replay (`configs.gdn_k_tree`: plain, tree, shuffle): SASS instructions per loop body and the
+    opcodes that matter for it (sm_90)."""
+    from replayssm_kernels.gdn import fold
+
+    act = {n: "*bf16" for n in ("ring_rawv", "ring_rawk")}
+    f32 = {n: "*fp32" for n in ("state", "dst", "ring_g", "ring_beta")}
+    i32 = {n: "*i32" for n in ("slot_idx", "dst_idx", "row_nfold", "row_origin", "snap_at", "snap_slot")}
+    rows = []
+    for form, what in ((0, "plain"), (1, "tree"), (2, "shuffle")):
+        ptrs = {**act, **f32, **i32, **({"ring_rawk": "*fp32"} if form else {})}
+        c = dict(H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=32, BVF=8, RL=L, HAS_DST=False,
+                 HAS_SNAP=False, FROM_CURSORS=False, UNROLL=1, TREE=form)
+        kern = fold._gdn_fold_kernel
+        compiled = compile_variant(kern, signature(kern, ptrs, c), c, 1)
+        n, ops = sass_loops(compiled.asm["cubin"])[0]
+        rows.append((what, n, ops))
+    return rows
+
+
 def mamba2_rows(NH=128, P=64, G=8, N=128, L=16, T=4):
     """The Mamba-2 decode kernel: the default one-launch tile, the split plans' launches
     (`configs.mamba2_decode_plan`; the plans of `configs.MAMBA2_DECODE_SWEEP`) and the chunked tiles
@@ -249,7 +301,17 @@ def main(argv=None):
     ap.add_argument("--shuffle-form", action="store_true",
                     help="only the shuffle-form kernels (gdn_k_tree = 2), one JSON line each, with their "
                          "shfl count and inline-asm operand layouts")
+    ap.add_argument("--replay-loop", action="store_true",
+                    help="only the GDN fold's replay loop body (SASS) per form of the exact replay")
     args = ap.parse_args(argv)
+    if args.replay_loop:
+        keys = ("SHFL", "SEL", "FADD", "FMUL", "FFMA", "MUFU", "LDG", "LDS", "STS", "BAR")
+        print(f"| GDN fold replay loop, one entry x 8 columns (sm_90, triton {triton.__version__}) | SASS "
+              "instructions | " + " | ".join(keys) + " |")
+        print("|---|---:|" + "---:|" * len(keys))
+        for what, n, ops in replay_loop_rows():
+            print(f"| {what} | {n} | " + " | ".join(str(ops.get(k, 0)) for k in keys) + " |", flush=True)
+        return
     if args.shuffle_form:
         for row in shuffle_form_rows():
             print(json.dumps(row), flush=True)

@@ -59,6 +59,9 @@ def _run_ptx(ptx: str, inputs: np.ndarray) -> np.ndarray:
             elif op == "shfl.sync.bfly.b32":
                 assert args[3:] == ["0x1f", "0xffffffff"], ln
                 v = val(lane ^ val(lane, args[2]), args[1])
+            elif op == "shfl.sync.idx.b32":
+                assert args[3:] == ["0x1f", "0xffffffff"], ln
+                v = val(val(lane, args[2]) & 31, args[1])
             else:
                 raise AssertionError(f"instruction the model does not know: {ln}")
             new.append(v)
@@ -93,8 +96,8 @@ def test_allsum_ptx_adds_in_the_butterfly_order(n):
 
 
 def test_allsum_model_tells_orders_apart():
-    """A PTX that pairs the lanes in another order (distances 8 and 16 swapped in the first
-    reduce-scatter step) ends in other bits, and so does one that keeps the wrong half."""
+    """A PTX that pairs the lanes in another order (distances 8 and 16 swapped) ends in other
+    bits, and so do one that keeps the wrong half and one that reads a column from the wrong lane."""
     x = _partials(8, 7)
     want = _butterfly(x).view(np.uint32)
     ptx = allsum_ptx(8)
@@ -105,6 +108,9 @@ def test_allsum_model_tells_orders_apart():
     a, b = re.match(r"selp\.b32 (\w+), (\S+), (\S+), (\w+);", p).group(2, 3)
     wrong_half = ptx.replace(p, p.replace(f"{a}, {b}", f"{b}, {a}"), 1)
     assert not np.array_equal(_run_ptx(wrong_half, x).view(np.uint32), want)
+    wrong_lane = ptx.replace(", 4, 0x1f, 0xffffffff;\nshfl.sync.idx", ", 8, 0x1f, 0xffffffff;\nshfl.sync.idx", 1)
+    assert wrong_lane != ptx
+    assert not np.array_equal(_run_ptx(wrong_lane, x).view(np.uint32), want)
 
 
 def test_allsum_width_is_checked():
@@ -134,5 +140,5 @@ def test_shuffle_form_kernels_put_lane_g_on_lane_id_g():
             assert "threadsPerWarp = [1, 32]" in layout and "warpsPerCTA = [1, 1]" in layout, (r["name"], layout)
         assert r["spill_stores"] == 0, r
     fold8 = next(r for r in rows if r["name"] == "fold shuffle cols8")
-    # 4 sub-tiles of 8 columns, one all-sum each per entry: 16 shuffles each, no key norm.
+    # 4 sub-tiles of 8 columns, one all-sum each per entry: 17 shuffles each, no key norm.
     assert fold8["shfl"] == 4 * shuffles(8), fold8

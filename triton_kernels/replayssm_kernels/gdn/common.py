@@ -29,7 +29,7 @@ matches, and the tree form is checked against a numpy model of the GPU order ins
 The shuffle form (`TREE` = 2, same keys and order as the tree form): the state tile is held as
 SGLang's kernel holds it, each lane with its 4 keys of every column (`[BVF, BK]`, K along axis 1,
 one warp), the per-lane chains are written out as in the tree form, and the sums across lanes
-come from `lanes.lane_allsum`: 16 shuffles per entry for 8 columns instead of the butterfly's 40,
+come from `lanes.lane_allsum`: 17 shuffles per entry for 8 columns instead of the butterfly's 40,
 with the butterfly's pairings, and the key is not replicated across lanes.
 """
 

@@ -5,11 +5,11 @@ lane g (of 32) chains its 4 consecutive keys, then a butterfly pairs lanes g ^ 1
 g ^ 2, g ^ 1 (gdn/common.py). Triton lowers that butterfly column by column, 5 shuffles per
 column, so a replay of 8 columns spends 40 shuffles per ring entry, most of its time.
 
-`lane_allsum` gives every lane the same sums for N columns at once with 2 (N - 1) + 5 - log2(N)
-shuffles (16 for N = 8): a reduce-scatter over the first log2(N) lane distances (the lane with
+`lane_allsum` gives every lane the same sums for N columns at once with 2N - 1 + 5 - log2(N)
+shuffles (17 for N = 8): a reduce-scatter over the first log2(N) lane distances (the lane with
 the distance's bit set keeps the upper half of its columns and receives the partner's partials
-for them), the plain butterfly over the distances left, then an all-gather back over the first
-distances. Every partial sum it forms is one the butterfly forms, `own + partner` with the same
+for them), the plain butterfly over the distances left, then each column's sum read from a lane
+that holds it (N independent indexed shuffles). Every partial sum it forms is one the butterfly forms, `own + partner` with the same
 two operands (IEEE addition commutes), so the bits are the butterfly's.
 
 It needs each lane of the warp to hold the N columns' partials of lane index g = its lane id
@@ -71,15 +71,13 @@ def allsum_ptx(n: int) -> str:
         body += [f"shfl.sync.bfly.b32 {rcv}, {cur[0]}, {d}, 0x1f, 0xffffffff;",
                  f"add.rn.f32 {out}, {cur[0]}, {rcv};"]
         cur, d = [out], d // 2
-    for d in reversed(scattered):  # all-gather: the lane with bit d set holds the upper half
-        p = upper(d)
-        rcv = [reg() for _ in cur]
-        lo = [reg() for _ in cur]
-        hi = [reg() for _ in cur]
-        for c, r, a, b in zip(cur, rcv, lo, hi):
-            body += [f"shfl.sync.bfly.b32 {r}, {c}, {d}, 0x1f, 0xffffffff;",
-                     f"selp.b32 {a}, {r}, {c}, {p};", f"selp.b32 {b}, {c}, {r}, {p};"]
-        cur = lo + hi
+    if scattered:  # all-gather: position P's sum sits in the lanes whose top bits spell P
+        shift = LANES.bit_length() - 1 - len(scattered)
+        outs = []
+        for pos in range(n):
+            outs.append(reg())
+            body.append(f"shfl.sync.idx.b32 {outs[-1]}, {cur[0]}, {pos << shift}, 0x1f, 0xffffffff;")
+        cur = outs
     body += [f"mov.b32 ${i}, {c};" for i, c in enumerate(cur)]
     decl = [".reg .u32 lane, bit;", f".reg .b32 {', '.join(regs)};"] if regs else [".reg .u32 lane, bit;"]
     if preds:
@@ -93,7 +91,8 @@ def allsum_constraints(n: int) -> str:
 
 def shuffles(n: int) -> int:
     """Shuffles per call of `lane_allsum` over n columns (5 per column in the butterfly)."""
-    return 2 * (n - 1) + 5 - (n.bit_length() - 1)
+    log_n = n.bit_length() - 1
+    return (n - 1) + (5 - log_n) + (n if n > 1 else 0)
 
 
 _ASM1, _CON1 = tl.constexpr(allsum_ptx(1)), tl.constexpr(allsum_constraints(1))
