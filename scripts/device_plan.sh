@@ -150,7 +150,7 @@ step_gdn_shfl() {
   # torch.equal to SGLang's kernel: the lane layout and the inline PTX are CPU-checked, the bits
   # only here), the decode flush and commit-fold phases at batch 256 with the plain form and with it (profiles.log), then
   # the benchmark at batches 256 and 64 with it.
-  run env OUT="$OUT/gdn_shfl" REPLAYSSM_CONFIG="gdn_k_tree=2" bash scripts/device_kernels.sh gdntests
+  run env OUT="$OUT/gdn_shfl" REPLAYSSM_CONFIG="gdn_k_tree=2" GDNTESTS_TIMEOUT=280 bash scripts/device_kernels.sh gdntests
   profile_per_config "$OUT/gdn_shfl" \
     "--decode-configs 3x16x1x3x8x0x1 --verify-configs 16x1x2x4 --verify-fills 0,8 --fold-lens 4,12,15 --reps 15" \
     gdn_k_tree=0 gdn_k_tree=2
