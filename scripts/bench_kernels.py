@@ -136,7 +136,7 @@ def gdn_verify_bytes_baseline(B, H, HV, K, V, T, act=2):
 # products 4 = the two-launch verify (gdn/verify_split.py), the default at 16x1 since run 5
 # (docs/perf.md). The one-launch variants (products 0-3) spill at every warp count tried on the
 # GPU and were 1.5x slower; `--sweep` still times some of them.
-VERIFY_CONFIGS = ((16, 1, 2, 4), (8, 1, 2, 4), (32, 1, 2, 4), (16, 2, 2, 4))
+VERIFY_CONFIGS = ((16, 1, 2, 4), (8, 1, 2, 4), (32, 1, 2, 4), (16, 2, 2, 4), (64, 4, 2, 4))
 # GDN decode launch plans (configs.GDNDecodeConfig: split, block_v, warps, stages, flush_cols, dot,
 # evict_first). (2, 16, ...) is the default since run 5; (0, 32, 1, 3, 32, 0, 0), the one-launch
 # plan with the whole-tile flush, was the fastest one-launch plan in runs 3-4. Fused plans at

@@ -18,6 +18,8 @@
 #                  them off and on; the benchmark with the history option on  [.whl]
 #   gdn_shfl       the shuffle form of the GDN exact replay (configs.gdn_k_tree=2): GDN kernel tests with
 #                  it on, decode/fold phases at batch 256 plain vs shuffle, the benchmark with it  [.whl]
+#   gdn_dot        the GDN verify's state launch on tensor cores (configs.gdn_state_dot): GDN kernel tests
+#                  with it on, verify phases at batch 256 per tile off vs on, the benchmark with it  [.whl]
 #   gdn_sweep      GDN launch plans and the exact replay's unroll depths vs SGLang's kernels  [.whl]
 #   e2e320         Nemotron-H + NEXTN parity at 320 running requests      [.whl2 .tiny]
 #   e2e_dispatch   GDN decode plan 3 and the ring decode from 64 rows: the 32-prompt cases (ring at
@@ -158,6 +160,21 @@ step_gdn_shfl() {
     BENCH_ARGS="--family gdn --batches 256,64" bash scripts/device_kernels.sh bench
 }
 
+step_gdn_dot() {
+  # The verify's state launch with its checkpoint and history products on tensor cores in tf32x3
+  # (configs.gdn_state_dot), prepared in session 17 without a GPU: offline 1224-1608 warp
+  # instructions per 16 value rows against the default's 3032 (kernel_regs.py --state-launch).
+  # The GDN kernel tests with it on, the verify phases at batch 256 per state-launch tile with it
+  # off and on (profiles.log), then the benchmark at batches 256 and 64 with it on (its verify plans
+  # include 64 rows x 4 warps; the 8-row plan keeps the warp reductions).
+  run env OUT="$OUT/gdn_dot" REPLAYSSM_CONFIG="gdn_state_dot=1x0" bash scripts/device_kernels.sh gdntests
+  profile_per_config "$OUT/gdn_dot" \
+    "--decode-configs 3x16x1x3x8x0x1 --verify-configs 16x1x2x4,32x2x2x4,64x4x2x4 --verify-fills 0,8,12 --fold-lens 4 --reps 15" \
+    gdn_state_dot=0 gdn_state_dot=1x0
+  run env OUT="$OUT/gdn_dot" REPLAYSSM_CONFIG="gdn_state_dot=1x0" BENCH_TIMEOUT=$(( $(left) - 15 )) \
+    BENCH_ARGS="--family gdn --batches 256,64" bash scripts/device_kernels.sh bench
+}
+
 step_gdn_sweep() {
   # GDN kernels: every launch plan plus the exact replay unrolled (configs.GDN_UNROLL_SWEEP) for
   # the decode flush and the commit fold, and the verify plans at small batches (spec at concurrency 1
@@ -295,7 +312,7 @@ step_aime() {
     --time-budget $(( $(left) - 30 ))
 }
 
-STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
+STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
 [ $# -gt 0 ] || { echo "usage: $0 STEP [STEP ...]; steps: ${STEPS[*]}" >&2; exit 2; }
 for s in "$@"; do
   [[ " ${STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s; steps: ${STEPS[*]}" >&2; exit 2; }

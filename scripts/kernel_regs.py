@@ -5,6 +5,7 @@
     python scripts/kernel_regs.py --shuffle-form   # the GDN shuffle-form replay kernels: JSON lines
                                                    # with shfl counts and inline-asm operand layouts
     python scripts/kernel_regs.py --replay-loop    # SASS of the GDN fold's replay loop per form
+    python scripts/kernel_regs.py --state-launch   # SASS of the GDN verify's state launch per plan
 
 Compiles each kernel variant with Triton for `cuda:90` (no device needed) and runs the `ptxas`
 that ships with Triton (`-v`) on the PTX: registers per thread and spill bytes. One warp-wide
@@ -245,6 +246,58 @@ def replay_loop_rows(H=16, HV=32, K=128, V=128, L=16):
     return rows
 
 
+def sass_ops(cubin: bytes) -> tuple[int, dict]:
+    """(instructions, opcode counts) of a whole cubin's SASS."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    sass = subprocess.run([NVDISASM, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    os.unlink(f.name)
+    ins = re.findall(r"/\*[0-9a-f]+\*/\s+(.*?);", sass)
+    ops: dict[str, int] = {}
+    for op in ins:
+        name = re.sub(r"^@!?U?P\w+\s+", "", op).split()[0].split(".")[0]
+        ops[name] = ops.get(name, 0) + 1
+    return len(ins), ops
+
+
+# (label, BV, warps, KC, history read value-row major, tensor-core products): the verify's state
+# launch plans the --state-launch table compares (T = 4, no flush rows).
+STATE_LAUNCH_PLANS = (
+    ("default: warp reductions, K chunks of 32", 16, 1, 32, False, False),
+    ("warp reductions, K chunks of 32, history value-row major", 16, 1, 32, True, False),
+    ("tensor cores (gdn_state_dot)", 16, 1, 0, False, True),
+    ("tensor cores, 32 rows, 2 warps", 32, 2, 0, False, True),
+    ("tensor cores, 64 rows, 4 warps", 64, 4, 0, False, True),
+    ("tensor cores, 128 rows, 4 warps", 128, 4, 0, False, True),
+)
+
+
+def state_launch_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
+    """The GDN verify's state launch per plan of STATE_LAUNCH_PLANS: SASS instructions (each warp
+    of a program runs them all), warp instructions issued per 16 value rows, shuffles, MMA
+    instructions, registers, shared memory."""
+    from replayssm_kernels.gdn import verify_split
+
+    act = {n: "*bf16" for n in ("q", "k", "v", "o", "ring_d", "ring_rawv", "a", "b", "ring_fk")}
+    f32 = {n: "*fp32" for n in ("A_log", "dt_bias", "state", "scratch", "ring_g", "ring_beta")}
+    i32 = {n: "*i32" for n in ("slot_idx", "wpos", "origin", "row_wp", "row_flush")}
+    ptrs = {**act, **f32, **i32}
+    BT, RLB = triton.next_power_of_2(T), max(triton.next_power_of_2(L), 16)
+    kern = verify_split._gdn_verify_state_kernel
+    rows = []
+    for what, bv, warps, kc, rt, dot in STATE_LAUNCH_PLANS:
+        c = dict(H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=bv, BT=BT, RL=L, RLB=RLB,
+                 NS=verify_split.scratch_floats(BT, RLB), EVICT=True, ROWS=False, FLUSH=False, KC=kc, RT=rt,
+                 DOT=dot, NP=max(16, 2 * BT))
+        compiled = compile_variant(kern, signature(kern, ptrs, c), c, warps, 2)
+        regs, st, ld = ptxas_report(kern, None, c, warps, 2, compiled=compiled)
+        n, ops = sass_ops(compiled.asm["cubin"])
+        rows.append(dict(plan=what, block_v=bv, warps=warps, sass=n, sass_per_16_rows=round(n * warps * 16 / bv),
+                         shfl=ops.get("SHFL", 0), mma=ops.get("HMMA", 0) + ops.get("HGMMA", 0), regs=regs,
+                         smem=compiled.metadata.shared, spills=st + ld))
+    return rows
+
+
 def mamba2_rows(NH=128, P=64, G=8, N=128, L=16, T=4):
     """The Mamba-2 decode kernel: the default one-launch tile, the split plans' launches
     (`configs.mamba2_decode_plan`; the plans of `configs.MAMBA2_DECODE_SWEEP`) and the chunked tiles
@@ -303,7 +356,17 @@ def main(argv=None):
                          "shfl count and inline-asm operand layouts")
     ap.add_argument("--replay-loop", action="store_true",
                     help="only the GDN fold's replay loop body (SASS) per form of the exact replay")
+    ap.add_argument("--state-launch", action="store_true",
+                    help="only the GDN verify's state launch per plan (SASS per program and per 16 value rows)")
     args = ap.parse_args(argv)
+    if args.state_launch:
+        print(f"| GDN verify state launch, T=4 (sm_90, triton {triton.__version__}) | rows x warps | SASS "
+              "instructions | warp instructions per 16 value rows | SHFL | MMA | registers | shared memory (B) | spills (B) |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        for r in state_launch_rows():
+            print(f"| {r['plan']} | {r['block_v']} x {r['warps']} | {r['sass']} | {r['sass_per_16_rows']} | "
+                  f"{r['shfl']} | {r['mma']} | {r['regs']} | {r['smem']} | {r['spills']} |", flush=True)
+        return
     if args.replay_loop:
         keys = ("SHFL", "SEL", "FADD", "FMUL", "FFMA", "MUFU", "LDG", "LDS", "STS", "BAR")
         print(f"| GDN fold replay loop, one entry x 8 columns (sm_90, triton {triton.__version__}) | SASS "

@@ -486,6 +486,22 @@ def test_gdn_state_history_value_rows(kc, device, assert_within_baseline):
         test_gdn_decode(2, 1, 2, 128, 128, 4, bf16, 6, device, assert_within_baseline)
 
 
+@pytest.mark.parametrize("rt,verify_plan", [(0, (16, 1, 2, 4)), (1, (64, 4, 2, 4))],
+                         ids=["bv16", "bv64-w4-history-rt"])
+def test_gdn_state_tensor_core_products(rt, verify_plan, device, assert_within_baseline):
+    """The state launch with its checkpoint and history products on tensor cores in tf32x3
+    (configs.gdn_state_dot), with either read of the ring history and on 16- or 64-row tiles, for
+    the verify (ring of 8: the history product padded to 16 entries) and the decode's non-flush
+    rows; the committed state is untouched (the exact replay does not use it), the outputs stay
+    within the baseline's error."""
+    from replayssm_kernels.configs import overrides
+
+    case = next(c.values for c in VERIFY_CASES if c.id == "B2-K128-V128-L8-T4-bf16")
+    with overrides([("gdn_state_dot", (1,)), ("gdn_history_rt", (rt,)), ("gdn_verify", verify_plan)]):
+        test_gdn_verify_commit(*case, device, assert_within_baseline)
+        test_gdn_decode(2, 1, 2, 128, 128, 4, bf16, 6, device, assert_within_baseline)
+
+
 @pytest.mark.parametrize("plan", [(1, 32), (2, 16)])
 def test_gdn_verify_prep_plans(plan, device, assert_within_baseline):
     """The verify prep launch with its key tiles in K chunks and fewer warps (configs.gdn_prep)."""
@@ -519,6 +535,11 @@ def test_gdn_state_kc_config(monkeypatch):
     assert (gdn_history_rt(decode=False), gdn_history_rt(decode=True)) == (False, False)
     with override("gdn_history_rt", (1, 0)):
         assert (gdn_history_rt(decode=False), gdn_history_rt(decode=True)) == (True, False)
+    from replayssm_kernels.configs import gdn_state_dot
+
+    assert (gdn_state_dot(decode=False), gdn_state_dot(decode=True)) == (False, False)
+    with override("gdn_state_dot", (0, 1)):
+        assert (gdn_state_dot(decode=False), gdn_state_dot(decode=True)) == (False, True)
     from replayssm_kernels.configs import gdn_prep_plan
 
     assert gdn_prep_plan(128) == (4, 0) and gdn_prep_plan(48) == (2, 0)

@@ -20,7 +20,8 @@ _OVERRIDE_ARITY = {"gdn_decode": (7,), "gdn_verify": (3, 4), "gdn_fold_cols": (1
                    "mamba2_ring_min_batch": (1,), "mamba2_decode": (4,),
                    "mamba2_decode_tile": (3,), "mamba2_verify_tile": (3,), "mamba2_chunk_min_batch": (1,),
                    "mamba2_replay_unroll": (1,), "gdn_replay_unroll": (1,), "mamba2_ring_bc_min_batch": (1,),
-                   "gdn_k_tree": (1,), "gdn_state_kc": (1, 2), "gdn_history_rt": (1, 2), "gdn_prep": (2,)}
+                   "gdn_k_tree": (1,), "gdn_state_kc": (1, 2), "gdn_history_rt": (1, 2), "gdn_prep": (2,),
+                   "gdn_state_dot": (1, 2)}
 
 
 def parse_plan(name: str, text: str) -> tuple[int, ...] | None:
@@ -61,6 +62,8 @@ def describe() -> str:
         f"gdn_history_rt={int(gdn_history_rt(False))}x{int(gdn_history_rt(True))} (committed ring entries read "
         "value-row major in the GDN state launch, verify x decode)",
         "gdn_prep=" + "x".join(map(str, gdn_prep_plan(128))) + " (GDN verify prep launch: warps x K chunk)",
+        f"gdn_state_dot={int(gdn_state_dot(False))}x{int(gdn_state_dot(True))} (GDN state launch products on "
+        "tensor cores in tf32x3, verify x decode; outputs only)",
         f"gdn_k_tree={gdn_k_tree(128)} (K = 128, exact replay: 0 = the baseline's own expressions, 1 = the K "
         "sums written as the baseline's lane tree, 2 = that order with cross-lane sums by shuffles; gdn/common.py)",
         f"gdn_ring_min_batch={ring_min_batch('gdn')} (below: SGLang's packed decode on folded checkpoints; "
@@ -372,6 +375,23 @@ def gdn_history_rt(decode: bool) -> bool:
         nums = _OVERRIDES["gdn_history_rt"]
         return bool(nums[-1] if decode and len(nums) > 1 else nums[0])
     return _GDN_HISTORY_RT["decode" if decode else "verify"]
+
+
+# The GDN state launch's checkpoint products `S0 [k_s | q_s]` (and the ring history's) as one
+# tensor-core product in tf32x3 instead of 2T warp reductions: outputs only, never the exact
+# replay. Offline (sm_90, T = 4, BV = 16): 3032 -> see docs/perf.md "Prepared in session 17".
+# Prepared in session 17 without a GPU run: off until the H200 times it (docs/runbook.md).
+_GDN_STATE_DOT = {"verify": False, "decode": False}
+
+
+def gdn_state_dot(decode: bool) -> bool:
+    """Whether the GDN state launch takes its checkpoint and history products on tensor cores
+    (verify or decode's non-flush rows). REPLAYSSM_CONFIG gdn_state_dot=N sets both, =NxM verify x
+    decode. It reads the checkpoint tile whole (gdn_state_kc is then ignored)."""
+    if "gdn_state_dot" in _OVERRIDES:
+        nums = _OVERRIDES["gdn_state_dot"]
+        return bool(nums[-1] if decode and len(nums) > 1 else nums[0])
+    return _GDN_STATE_DOT["decode" if decode else "verify"]
 
 
 # The GDN two-launch verify's prep launch (per row and key head: the key products, the UT

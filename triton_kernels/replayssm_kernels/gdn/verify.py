@@ -23,8 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import (GDN_K_FORMS, gdn_history_rt, gdn_k_tree, gdn_prep_plan, gdn_replay_unroll, gdn_state_kc,
-                       gdn_verify_config)
+from ..configs import (GDN_K_FORMS, gdn_history_rt, gdn_k_tree, gdn_prep_plan, gdn_replay_unroll, gdn_state_dot,
+                       gdn_state_kc, gdn_verify_config)
 from .common import gdn_gate, gdn_l2norm, gdn_l2norm_vec, gdn_tile_ids
 from .verify_mm import _gdn_verify_mm_kernel
 from .verify_split import _gdn_verify_prep_kernel, _gdn_verify_state_kernel, scratch_floats
@@ -304,6 +304,12 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
     BT = triton.next_power_of_2(T)
     RL = rings.ring_len
     RLB = triton.next_power_of_2(RL)
+    decode = row_wp is not None
+    # Tensor-core products need tiles of 16+ rows and keys (a launch-plan choice: both paths give
+    # the outputs within the baseline's error, and neither touches the committed state).
+    dot = gdn_state_dot(decode) and BV >= 16 and BK >= 16
+    if dot:
+        RLB = max(RLB, 16)  # the history product's inner dimension (prep and state share the scratch layout)
     NS = scratch_floats(BT, RLB)
     scratch = torch.empty((B, HV, NS), dtype=torch.float32, device=state.device)
     sq, sk, sv = _strides4(q, K, "q"), _strides4(k, K, "k"), _strides4(v, V, "v")
@@ -337,6 +343,6 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
         ring_fk.stride(0), rings.g.stride(0), rings.beta.stride(0),
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT, RL=RL, RLB=RLB, NS=NS, EVICT=True, ROWS=row_wp is not None,
         FLUSH=flush_cols > 0, BVF=min(max(flush_cols, 1), BV), UNROLL=gdn_replay_unroll(), TREE=tree,
-        KC=gdn_state_kc(K, decode=row_wp is not None), RT=gdn_history_rt(decode=row_wp is not None),
-        num_warps=num_warps, num_stages=num_stages,
+        KC=0 if dot else gdn_state_kc(K, decode=decode), RT=gdn_history_rt(decode=decode),
+        DOT=dot, NP=max(16, 2 * BT), num_warps=num_warps, num_stages=num_stages,
     )

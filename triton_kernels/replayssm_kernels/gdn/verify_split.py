@@ -15,7 +15,8 @@ then streams each `[BV, BK]` checkpoint tile once, with a handful of `[BV]` vect
     hk_s = dec S0 k_s + U_r^T WK[s],  hq_s likewise
     R = beta (V - exp(Gw) hk),  U = R M^T,  O = exp(Gw) hq + U C
 
-and writes the window's u and raw v into the ring. All products are fp32 on CUDA cores.
+and writes the window's u and raw v into the ring. All products are fp32 on CUDA cores, or with
+`DOT` (configs.gdn_state_dot) the checkpoint and history products on tensor cores in tf32x3.
 Grids: prep `(B * H,)`, state `(cdiv(V, BV) * B * HV,)`.
 
 With `ROWS` the pair serves the non-flush rows of a decode step (T = 1; `row_wp`/`row_flush` from
@@ -93,6 +94,40 @@ def _history_dot(b_ur, b_w, RT: tl.constexpr):
         return tl.sum(b_ur * b_w[None, :], 1)
     else:
         return tl.sum(b_ur * b_w[:, None], 0)
+
+
+@triton.jit
+def _state_products_dot(q, k, b_h, b_ur, p_sc, b_dec, i_n, i_h, T, stride_q_row, stride_q_tok, stride_k_row,
+                        stride_k_tok, scale, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
+                        RLB: tl.constexpr, NP: tl.constexpr, RT: tl.constexpr):
+    """`(hk, hq)` (`[BV, BT]` each) of the state launch from two tf32x3 tensor-core products
+    (configs.gdn_state_dot): `dec S0 P + U_r^T W` with the probe matrix `P = [k_0 .. | q_0 .. | 0]`
+    (`[BK, NP]`, normalised and scaled as `_probe`) and `W[j, n]` the prep kernel's history
+    weights (WK then WQ, contiguous in the scratch). `b_h` is the whole-K `[BV, BK]` tile, `b_ur`
+    the committed `d` entries as `_history_dot` reads them."""
+    o_n = tl.arange(0, NP)
+    o_k = tl.arange(0, BK)
+    is_k = o_n < BT
+    s_n = tl.where(is_k, o_n, o_n - BT)
+    m = (o_k < K)[:, None] & ((o_n < 2 * BT) & (s_n < T))[None, :]
+    b_p = tl.load(k + i_n * stride_k_row + s_n[None, :] * stride_k_tok + i_h * K + o_k[:, None],
+                  mask=m & is_k[None, :], other=0).to(tl.float32)
+    b_p += tl.load(q + i_n * stride_q_row + s_n[None, :] * stride_q_tok + i_h * K + o_k[:, None],
+                   mask=m & (o_n >= BT)[None, :], other=0).to(tl.float32)
+    b_p = b_p / tl.sqrt(tl.sum(b_p * b_p, 0) + 1e-6)[None, :]
+    b_p = tl.where(is_k[None, :], b_p, b_p * scale)
+    b_acc = b_dec * tl.dot(b_h, b_p, input_precision="tf32x3")
+    b_w = tl.load(p_sc + o_n[None, :] * RLB + tl.arange(0, RLB)[:, None], mask=(o_n < 2 * BT)[None, :], other=0)
+    if RT:
+        b_acc += tl.dot(b_ur, b_w, input_precision="tf32x3")
+    else:
+        b_acc += tl.dot(tl.trans(b_ur), b_w, input_precision="tf32x3")
+    BG: tl.constexpr = NP // BT
+    b_acc3 = tl.reshape(b_acc, [b_acc.shape[0], BG, BT])  # column n = group * BT + draft
+    o_g = tl.arange(0, BG)
+    b_hk = tl.sum(tl.where(o_g[None, :, None] == 0, b_acc3, 0.0), 1)
+    b_hq = tl.sum(tl.where(o_g[None, :, None] == 1, b_acc3, 0.0), 1)
+    return b_hk, b_hq
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -234,7 +269,7 @@ def _gdn_verify_state_kernel(
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
     NS: tl.constexpr, EVICT: tl.constexpr, ROWS: tl.constexpr = False, FLUSH: tl.constexpr = False,
     BVF: tl.constexpr = 8, UNROLL: tl.constexpr = 1, TREE: tl.constexpr = False, KC: tl.constexpr = 0,
-    RT: tl.constexpr = False,
+    RT: tl.constexpr = False, DOT: tl.constexpr = False, NP: tl.constexpr = 16,
 ):
     i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
 
@@ -301,17 +336,21 @@ def _gdn_verify_state_kernel(
     p_sc = scratch + (i_n * HV + i_hv).to(tl.int64) * NS
     b_dec = tl.load(p_sc + OFF_DEC)
 
-    b_hk = tl.zeros([BV, BT], dtype=tl.float32)
-    b_hq = tl.zeros([BV, BT], dtype=tl.float32)
-    for s in tl.static_range(BT):
-        b_ks, b_qs = _state_tile_probe(q, k, i_n, i_h, s, T, stride_q_row, stride_q_tok, stride_k_row,
-                                       stride_k_tok, scale, o_k, mask_k, K, KC)
-        b_wk = tl.load(p_sc + s * RLB + o_j)
-        b_wq = tl.load(p_sc + OFF_WQ + s * RLB + o_j)
-        b_hks = b_dec * _state_tile_dot(b_h, b_ks, KC) + _history_dot(b_ur, b_wk, RT)
-        b_hqs = b_dec * _state_tile_dot(b_h, b_qs, KC) + _history_dot(b_ur, b_wq, RT)
-        b_hk = tl.where(o_t[None, :] == s, b_hks[:, None], b_hk)
-        b_hq = tl.where(o_t[None, :] == s, b_hqs[:, None], b_hq)
+    if DOT:
+        b_hk, b_hq = _state_products_dot(q, k, b_h, b_ur, p_sc, b_dec, i_n, i_h, T, stride_q_row, stride_q_tok,
+                                         stride_k_row, stride_k_tok, scale, K, BK, BT, RLB, NP, RT)
+    else:
+        b_hk = tl.zeros([BV, BT], dtype=tl.float32)
+        b_hq = tl.zeros([BV, BT], dtype=tl.float32)
+        for s in tl.static_range(BT):
+            b_ks, b_qs = _state_tile_probe(q, k, i_n, i_h, s, T, stride_q_row, stride_q_tok, stride_k_row,
+                                           stride_k_tok, scale, o_k, mask_k, K, KC)
+            b_wk = tl.load(p_sc + s * RLB + o_j)
+            b_wq = tl.load(p_sc + OFF_WQ + s * RLB + o_j)
+            b_hks = b_dec * _state_tile_dot(b_h, b_ks, KC) + _history_dot(b_ur, b_wk, RT)
+            b_hqs = b_dec * _state_tile_dot(b_h, b_qs, KC) + _history_dot(b_ur, b_wq, RT)
+            b_hk = tl.where(o_t[None, :] == s, b_hks[:, None], b_hk)
+            b_hq = tl.where(o_t[None, :] == s, b_hqs[:, None], b_hq)
 
     m_vt = mask_v[:, None] & m_t[None, :]
     b_vraw = tl.load(v + i_n * stride_v_row + o_t[None, :] * stride_v_tok + i_hv * V + o_v[:, None], mask=m_vt, other=0)

@@ -1,0 +1,44 @@
+"""scripts/kernel_regs.py's offline screens (sm_90 builds and their SASS, no GPU): they run, and
+they show what the launch options exist for. A kernel change that loses an option's point (the
+shuffle form back at the butterfly's shuffles, the tensor-core state launch compiled without
+tensor-core instructions) fails here before it costs device time."""
+
+import os
+import subprocess
+import sys
+
+from script_loader import ROOT
+
+
+def _table(flag):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "kernel_regs.py"), flag], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("|")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:]]
+    return {r[0]: dict(zip(head[1:], r[1:])) for r in rows}
+
+
+def test_replay_loop_screen():
+    t = _table("--replay-loop")
+    assert set(t) == {"plain", "tree", "shuffle"}
+    n = {k: int(v["SASS instructions"]) for k, v in t.items()}
+    shfl = {k: int(v["SHFL"]) for k, v in t.items()}
+    assert shfl["plain"] == 45  # 5 butterfly steps for each of 8 columns, 5 for the key's norm
+    assert shfl["shuffle"] < shfl["plain"] / 2 and n["shuffle"] < n["plain"]
+    assert int(t["tree"]["BAR"]) > 0 and int(t["plain"]["BAR"]) == int(t["shuffle"]["BAR"]) == 0
+
+
+def test_state_launch_screen():
+    t = _table("--state-launch")
+    per16 = "warp instructions per 16 value rows"
+    default = t["default: warp reductions, K chunks of 32"]
+    assert int(default["MMA"]) == 0
+    tc = {k: v for k, v in t.items() if k.startswith("tensor cores")}
+    assert len(tc) >= 3
+    for name, row in tc.items():
+        assert int(row["MMA"]) > 0, name
+        assert int(row[per16]) < int(default[per16]), name
+    assert int(t["tensor cores, 64 rows, 4 warps"]["spills (B)"]) == 0
