@@ -361,7 +361,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.state_launch:
         print(f"| GDN verify state launch, T=4 (sm_90, triton {triton.__version__}) | rows x warps | SASS "
-              "instructions | warp instructions per 16 value rows | SHFL | MMA | registers | shared memory (B) | spills (B) |")
+              "instructions | warp instructions per 16 value rows | SHFL | MMA | registers | "
+              "shared memory (B) | spills (B) |")
         print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
         for r in state_launch_rows():
             print(f"| {r['plan']} | {r['block_v']} x {r['warps']} | {r['sass']} | {r['sass_per_16_rows']} | "

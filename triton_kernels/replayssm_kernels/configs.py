@@ -379,7 +379,8 @@ def gdn_history_rt(decode: bool) -> bool:
 
 # The GDN state launch's checkpoint products `S0 [k_s | q_s]` (and the ring history's) as one
 # tensor-core product in tf32x3 instead of 2T warp reductions: outputs only, never the exact
-# replay. Offline (sm_90, T = 4, BV = 16): 3032 -> see docs/perf.md "Prepared in session 17".
+# replay. Offline (sm_90, T = 4): 3032 warp instructions per 16 value rows with the default tile,
+# 1224-1608 with tensor cores (kernel_regs.py --state-launch; docs/perf.md "Prepared in session 17").
 # Prepared in session 17 without a GPU run: off until the H200 times it (docs/runbook.md).
 _GDN_STATE_DOT = {"verify": False, "decode": False}
 
@@ -387,7 +388,8 @@ _GDN_STATE_DOT = {"verify": False, "decode": False}
 def gdn_state_dot(decode: bool) -> bool:
     """Whether the GDN state launch takes its checkpoint and history products on tensor cores
     (verify or decode's non-flush rows). REPLAYSSM_CONFIG gdn_state_dot=N sets both, =NxM verify x
-    decode. It reads the checkpoint tile whole (gdn_state_kc is then ignored)."""
+    decode. It applies to state tiles of 16 or more rows and reads them whole along K
+    (gdn_state_kc is then ignored)."""
     if "gdn_state_dot" in _OVERRIDES:
         nums = _OVERRIDES["gdn_state_dot"]
         return bool(nums[-1] if decode and len(nums) > 1 else nums[0])

@@ -2,15 +2,17 @@
 
 SGLang's recurrent kernel adds each state column's K products in a fixed order on the H200: every
 lane g (of 32) chains its 4 consecutive keys, then a butterfly pairs lanes g ^ 16, g ^ 8, g ^ 4,
-g ^ 2, g ^ 1 (gdn/common.py). Triton lowers that butterfly column by column, 5 shuffles per
-column, so a replay of 8 columns spends 40 shuffles per ring entry, most of its time.
+g ^ 2, g ^ 1 (gdn/common.py). Triton lowers that butterfly column by column, 5 shuffles and 5
+adds per column, so a replay of 8 columns spends 40 shuffles per ring entry (of 272 instructions
+in the sm_90 build of the fold's loop, `scripts/kernel_regs.py --replay-loop`).
 
 `lane_allsum` gives every lane the same sums for N columns at once with 2N - 1 + 5 - log2(N)
 shuffles (17 for N = 8): a reduce-scatter over the first log2(N) lane distances (the lane with
 the distance's bit set keeps the upper half of its columns and receives the partner's partials
 for them), the plain butterfly over the distances left, then each column's sum read from a lane
-that holds it (N independent indexed shuffles). Every partial sum it forms is one the butterfly forms, `own + partner` with the same
-two operands (IEEE addition commutes), so the bits are the butterfly's.
+that holds it (N independent indexed shuffles). Every partial sum it forms is one the butterfly
+forms, `own + partner` with the same two operands (IEEE addition commutes), so the bits are the
+butterfly's.
 
 It needs each lane of the warp to hold the N columns' partials of lane index g = its lane id
 (`[N, 32]` with axis 1 on the lanes, one warp): `tests/test_gdn_lanes.py` checks that layout in
