@@ -130,34 +130,44 @@ profile_per_config() {
   [ "$DRY" = 1 ] || rm -f "$dir/profile_gdn.log"
 }
 
+# option_study DIR TESTS_CONFIG TESTS_TIMEOUT PROFILE_ARGS BENCH_CONFIG CFG...: the device step of a
+# kernel option prepared without a GPU: the GDN kernel tests under REPLAYSSM_CONFIG=TESTS_CONFIG
+# (TESTS_TIMEOUT seconds), the phase profile once per CFG (profile_per_config), then the kernel
+# benchmark at batches 256 and 64 under BENCH_CONFIG with what time is left.
+option_study() {
+  local dir=$1 tests_cfg=$2 tests_timeout=$3 args=$4 bench_cfg=$5
+  shift 5
+  run env OUT="$dir" REPLAYSSM_CONFIG="$tests_cfg" GDNTESTS_TIMEOUT="$tests_timeout" \
+    bash scripts/device_kernels.sh gdntests
+  profile_per_config "$dir" "$args" "$@"
+  run env OUT="$dir" REPLAYSSM_CONFIG="$bench_cfg" BENCH_TIMEOUT=$(( $(left) - 15 )) \
+    BENCH_ARGS="--family gdn --batches 256,64" bash scripts/device_kernels.sh bench
+}
+
 step_gdn_rt() {
   # Output-only layouts prepared in session 16 without a GPU (docs/perf.md): the ring history read
   # value-row major (configs.gdn_history_rt; verify 392 -> 144 shuffles per program offline,
   # decode registers 96 -> 80), with the verify's K chunk 32 or 16, and the one-warp chunked prep
   # (configs.gdn_prep). The GDN kernel tests with them on, the spec and decode phases at batch 256
   # per REPLAYSSM_CONFIG (all in profiles.log), then the benchmark with the history option on.
-  run env OUT="$OUT/gdn_rt" REPLAYSSM_CONFIG="gdn_history_rt=1,gdn_prep=1x32" bash scripts/device_kernels.sh gdntests
-  profile_per_config "$OUT/gdn_rt" \
+  option_study "$OUT/gdn_rt" gdn_history_rt=1,gdn_prep=1x32 240 \
     "--decode-configs 3x16x1x3x8x0x1 --verify-configs 16x1x2x4 --verify-fills 0,8,12 --fold-lens 12 --reps 15" \
+    gdn_history_rt=1 \
     gdn_history_rt=0 gdn_history_rt=1 gdn_history_rt=1,gdn_state_kc=16x0 gdn_history_rt=1,gdn_prep=1x32
-  run env OUT="$OUT/gdn_rt" REPLAYSSM_CONFIG="gdn_history_rt=1" BENCH_TIMEOUT=$(( $(left) - 15 )) \
-    BENCH_ARGS="--family gdn --batches 256,64" bash scripts/device_kernels.sh bench
 }
 
 step_gdn_shfl() {
   # The shuffle form of the GDN exact replay (configs.gdn_k_tree=2, gdn/lanes.py), prepared in
   # session 17 without a GPU: the tree form's order with SGLang's own tile and the cross-lane sums
   # as one reduce-scatter (17 shuffles per entry for 8 columns instead of 45; offline fold loop
-  # 272 -> 200 SASS instructions per entry and sub-tile at the same 64 registers). The GDN kernel tests with it on (state
-  # torch.equal to SGLang's kernel: the lane layout and the inline PTX are CPU-checked, the bits
-  # only here), the decode flush and commit-fold phases at batch 256 with the plain form and with it (profiles.log), then
-  # the benchmark at batches 256 and 64 with it.
-  run env OUT="$OUT/gdn_shfl" REPLAYSSM_CONFIG="gdn_k_tree=2" GDNTESTS_TIMEOUT=280 bash scripts/device_kernels.sh gdntests
-  profile_per_config "$OUT/gdn_shfl" \
+  # 272 -> 200 SASS instructions per entry and sub-tile at the same 64 registers). The GDN kernel
+  # tests with it on (state torch.equal to SGLang's kernel: the lane layout and the inline PTX are
+  # CPU-checked, the bits only here), the decode flush and commit-fold phases at batch 256 with the
+  # plain form and with it (profiles.log), then the benchmark at batches 256 and 64 with it.
+  option_study "$OUT/gdn_shfl" gdn_k_tree=2 280 \
     "--decode-configs 3x16x1x3x8x0x1 --verify-configs 16x1x2x4 --verify-fills 0,8 --fold-lens 4,12,15 --reps 15" \
+    gdn_k_tree=2 \
     gdn_k_tree=0 gdn_k_tree=2
-  run env OUT="$OUT/gdn_shfl" REPLAYSSM_CONFIG="gdn_k_tree=2" BENCH_TIMEOUT=$(( $(left) - 15 )) \
-    BENCH_ARGS="--family gdn --batches 256,64" bash scripts/device_kernels.sh bench
 }
 
 step_gdn_dot() {
@@ -167,12 +177,10 @@ step_gdn_dot() {
   # The GDN kernel tests with it on, the verify phases at batch 256 per state-launch tile with it
   # off and on (profiles.log), then the benchmark at batches 256 and 64 with it on (its verify plans
   # include 64 rows x 4 warps; the 8-row plan keeps the warp reductions).
-  run env OUT="$OUT/gdn_dot" REPLAYSSM_CONFIG="gdn_state_dot=1x0" bash scripts/device_kernels.sh gdntests
-  profile_per_config "$OUT/gdn_dot" \
+  option_study "$OUT/gdn_dot" gdn_state_dot=1x0 240 \
     "--decode-configs 3x16x1x3x8x0x1 --verify-configs 16x1x2x4,32x2x2x4,64x4x2x4 --verify-fills 0,8,12 --fold-lens 4 --reps 15" \
+    gdn_state_dot=1x0 \
     gdn_state_dot=0 gdn_state_dot=1x0
-  run env OUT="$OUT/gdn_dot" REPLAYSSM_CONFIG="gdn_state_dot=1x0" BENCH_TIMEOUT=$(( $(left) - 15 )) \
-    BENCH_ARGS="--family gdn --batches 256,64" bash scripts/device_kernels.sh bench
 }
 
 step_gdn_sweep() {

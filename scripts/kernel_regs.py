@@ -82,15 +82,22 @@ def signature(kernel, pointers: dict, constexprs: dict) -> dict:
     return sig
 
 
+def gdn_pointers(**types) -> dict:
+    """Pointer types of the GDN kernels' arguments (activations and raw rings bf16, state and the
+    fp32 rings fp32, indices int32); `types` overrides some, e.g. `ring_rawk="*fp32"` where a
+    replay form reads the fp32 `k` ring through that argument."""
+    act = {n: "*bf16" for n in ("q", "k", "v", "a", "b", "o", "ring_d", "ring_rawv", "ring_rawk", "ring_fk")}
+    f32 = {n: "*fp32" for n in ("A_log", "dt_bias", "state", "dst", "ring_k", "ring_g", "ring_beta", "scratch")}
+    i32 = {n: "*i32" for n in ("slot_idx", "row_wp", "row_flush", "origin", "wpos", "dst_idx", "row_nfold",
+                               "row_origin", "snap_at", "snap_slot")}
+    return {**act, **f32, **i32, **types}
+
+
 def gdn_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
     from replayssm_kernels.configs import GDN_UNROLL_SWEEP, gdn_replay_unroll
     from replayssm_kernels.gdn import decode, fold, verify, verify_mm
 
-    act = {n: "*bf16" for n in ("q", "k", "v", "a", "b", "o", "ring_d", "ring_rawv", "ring_rawk")}
-    f32 = {n: "*fp32" for n in ("A_log", "dt_bias", "state", "dst", "ring_k", "ring_g", "ring_beta")}
-    i32 = {n: "*i32" for n in ("slot_idx", "row_wp", "row_flush", "origin", "wpos", "dst_idx", "row_nfold",
-                               "row_origin", "snap_at", "snap_slot")}
-    ptrs = {**act, **f32, **i32}
+    ptrs = gdn_pointers()
     head = dict(H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), RL=L, RLB=triton.next_power_of_2(L))
     rows = []
     for split, bv, warps, fcols, dot in ((0, 32, 1, 32, 0), (0, 32, 1, 8, 0), (0, 32, 1, 4, 0), (1, 32, 1, 8, 0),
@@ -116,20 +123,19 @@ def gdn_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
         rows.append((name, *ptxas_report(kern, signature(kern, ptrs, c), c, warps, num_stages=2)))
     from replayssm_kernels.gdn import verify_split
 
-    ptrs_split = dict(ptrs, scratch="*fp32", ring_fk="*bf16")
     for t_win, rows_mode, what in ((T, False, "verify"), (1, True, "decode plan 3 (non-flush + flush rows)")):
         bt = triton.next_power_of_2(t_win)
         ns = verify_split.scratch_floats(bt, head["RLB"])
         c = dict(H=H, HV=HV, K=K, BK=head["BK"], BT=bt, RL=L, RLB=head["RLB"], NS=ns, ROWS=rows_mode)
         kern = verify_split._gdn_verify_prep_kernel
-        rows.append((f"{what}: two-launch prep w4", *ptxas_report(kern, signature(kern, ptrs_split, c), c, 4, 2)))
+        rows.append((f"{what}: two-launch prep w4", *ptxas_report(kern, signature(kern, ptrs, c), c, 4, 2)))
         # (BV, K chunk, ring history value-row major): configs.gdn_state_kc / gdn_history_rt
         for bv, kc, rt in ((8, 0, 0), (16, 0, 0), (32, 0, 0), (16, 32, 0), (16, 0, 1), (16, 32, 1), (8, 32, 1)):
             c = dict(H=H, HV=HV, K=K, V=V, BK=head["BK"], BV=bv, BT=bt, RL=L, RLB=head["RLB"], NS=ns, EVICT=True,
                      ROWS=rows_mode, FLUSH=rows_mode, KC=kc, RT=bool(rt))
             kern = verify_split._gdn_verify_state_kernel
             rows.append((f"{what}: two-launch state bv{bv} w1 kc{kc}{' history-rt' if rt else ''}",
-                         *ptxas_report(kern, signature(kern, ptrs_split, c), c, 1, 2)))
+                         *ptxas_report(kern, signature(kern, ptrs, c), c, 1, 2)))
     for bvf in (32, 8):
         for unroll in (gdn_replay_unroll(), *GDN_UNROLL_SWEEP):
             c = dict(H=H, HV=HV, K=K, V=V, BK=head["BK"], BV=32, BVF=bvf, RL=L, HAS_DST=False, HAS_SNAP=True,
@@ -137,7 +143,7 @@ def gdn_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
             rows.append((f"fold bv32 w1 cols{bvf} unroll {unroll}",
                          *ptxas_report(fold._gdn_fold_kernel, signature(fold._gdn_fold_kernel, ptrs, c), c, 1)))
     # The tree form (gdn/common.py): keys from the fp32 `k` ring.
-    ptrs_tree = dict(ptrs, ring_rawk="*fp32")
+    ptrs_tree = gdn_pointers(ring_rawk="*fp32")
     for bvf in (32, 16, 8):
         c = dict(H=H, HV=HV, K=K, V=V, BK=head["BK"], BV=32, BVF=bvf, RL=L, HAS_DST=False, HAS_SNAP=True,
                  UNROLL=gdn_replay_unroll(), TREE=True)
@@ -164,13 +170,8 @@ def shuffle_form_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
     from replayssm_kernels.configs import gdn_replay_unroll
     from replayssm_kernels.gdn import decode, fold, verify_split
 
-    act = {n: "*bf16" for n in ("q", "k", "v", "a", "b", "o", "ring_d", "ring_rawv", "ring_rawk")}
-    f32 = {n: "*fp32" for n in ("A_log", "dt_bias", "state", "dst", "ring_k", "ring_g", "ring_beta", "scratch",
-                                "ring_fk")}
-    i32 = {n: "*i32" for n in ("slot_idx", "row_wp", "row_flush", "origin", "wpos", "dst_idx", "row_nfold",
-                               "row_origin", "snap_at", "snap_slot")}
-    ptrs = {**act, **f32, **i32}
-    ptrs_fold = dict(ptrs, ring_rawk="*fp32")  # the replay's keys come from the fp32 `k` ring
+    ptrs = gdn_pointers(ring_fk="*fp32")  # the plan-3 state launch's flush rows read the fp32 `k` ring
+    ptrs_fold = gdn_pointers(ring_rawk="*fp32")  # the replay's keys come from the fp32 `k` ring
     BK, RLB = triton.next_power_of_2(K), triton.next_power_of_2(L)
     variants = []
     for bvf in (8, 4, 16):
@@ -198,8 +199,9 @@ def shuffle_form_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
 NVDISASM = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
 
 
-def sass_loops(cubin: bytes) -> list[tuple[int, dict]]:
-    """(instructions, opcode counts) of each loop body (label .. backward branch) in a cubin's SASS."""
+def _sass(cubin: bytes) -> tuple[list[str], dict[str, int]]:
+    """A cubin's SASS instructions in order, and its branch labels (label -> index of the
+    instruction after it)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(cubin)
     sass = subprocess.run([NVDISASM, "-c", f.name], capture_output=True, text=True, check=True).stdout
@@ -213,15 +215,27 @@ def sass_loops(cubin: bytes) -> list[tuple[int, dict]]:
         m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(.*?);", line)
         if m:
             ins.append(m.group(1))
+    return ins, labels
+
+
+def _opcodes(ins: list[str]) -> dict[str, int]:
+    """Counts per opcode (predicate and modifiers dropped: `@P0 FADD.FTZ` -> FADD)."""
+    ops: dict[str, int] = {}
+    for op in ins:
+        name = re.sub(r"^@!?U?P\w+\s+", "", op).split()[0].split(".")[0]
+        ops[name] = ops.get(name, 0) + 1
+    return ops
+
+
+def sass_loops(cubin: bytes) -> list[tuple[int, dict]]:
+    """(instructions, opcode counts) of each loop body (label .. backward branch) in a cubin's SASS."""
+    ins, labels = _sass(cubin)
     loops = []
     for i, text in enumerate(ins):
         m = re.search(r"\bBRA\b.*?(\.L_x_\d+)", text)
         if m and labels.get(m.group(1), len(ins)) <= i:
-            ops: dict[str, int] = {}
-            for op in ins[labels[m.group(1)]:i + 1]:
-                name = re.sub(r"^@!?U?P\w+\s+", "", op).split()[0].split(".")[0]
-                ops[name] = ops.get(name, 0) + 1
-            loops.append((i + 1 - labels[m.group(1)], ops))
+            body = ins[labels[m.group(1)]:i + 1]
+            loops.append((len(body), _opcodes(body)))
     return loops
 
 
@@ -231,12 +245,9 @@ def replay_loop_rows(H=16, HV=32, K=128, V=128, L=16):
     opcodes that matter for it (sm_90)."""
     from replayssm_kernels.gdn import fold
 
-    act = {n: "*bf16" for n in ("ring_rawv", "ring_rawk")}
-    f32 = {n: "*fp32" for n in ("state", "dst", "ring_g", "ring_beta")}
-    i32 = {n: "*i32" for n in ("slot_idx", "dst_idx", "row_nfold", "row_origin", "snap_at", "snap_slot")}
     rows = []
     for form, what in ((0, "plain"), (1, "tree"), (2, "shuffle")):
-        ptrs = {**act, **f32, **i32, **({"ring_rawk": "*fp32"} if form else {})}
+        ptrs = gdn_pointers(ring_rawk="*fp32" if form else "*bf16")
         c = dict(H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=32, BVF=8, RL=L, HAS_DST=False,
                  HAS_SNAP=False, FROM_CURSORS=False, UNROLL=1, TREE=form)
         kern = fold._gdn_fold_kernel
@@ -248,16 +259,8 @@ def replay_loop_rows(H=16, HV=32, K=128, V=128, L=16):
 
 def sass_ops(cubin: bytes) -> tuple[int, dict]:
     """(instructions, opcode counts) of a whole cubin's SASS."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(cubin)
-    sass = subprocess.run([NVDISASM, "-c", f.name], capture_output=True, text=True, check=True).stdout
-    os.unlink(f.name)
-    ins = re.findall(r"/\*[0-9a-f]+\*/\s+(.*?);", sass)
-    ops: dict[str, int] = {}
-    for op in ins:
-        name = re.sub(r"^@!?U?P\w+\s+", "", op).split()[0].split(".")[0]
-        ops[name] = ops.get(name, 0) + 1
-    return len(ins), ops
+    ins, _ = _sass(cubin)
+    return len(ins), _opcodes(ins)
 
 
 # (label, BV, warps, KC, history read value-row major, tensor-core products): the verify's state
@@ -278,10 +281,7 @@ def state_launch_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
     instructions, registers, shared memory."""
     from replayssm_kernels.gdn import verify_split
 
-    act = {n: "*bf16" for n in ("q", "k", "v", "o", "ring_d", "ring_rawv", "a", "b", "ring_fk")}
-    f32 = {n: "*fp32" for n in ("A_log", "dt_bias", "state", "scratch", "ring_g", "ring_beta")}
-    i32 = {n: "*i32" for n in ("slot_idx", "wpos", "origin", "row_wp", "row_flush")}
-    ptrs = {**act, **f32, **i32}
+    ptrs = gdn_pointers()
     BT, RLB = triton.next_power_of_2(T), max(triton.next_power_of_2(L), 16)
     kern = verify_split._gdn_verify_state_kernel
     rows = []

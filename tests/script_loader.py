@@ -1,6 +1,8 @@
 """Import a file of `scripts/` as a module (the scripts are not a package)."""
 
 import importlib.util
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -17,3 +19,14 @@ def load_script(name: str):
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def run_compiled(name: str, *args: str, timeout: int = 600) -> str:
+    """Run `scripts/<name>.py` in a process of its own without TRITON_INTERPRET (the offline sm_90
+    builds of scripts/kernel_regs.py need the compiler, not the interpreter); its stdout, after
+    checking it exited 0."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / f"{name}.py"), *args], env=env,
+                         capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout

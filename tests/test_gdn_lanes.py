@@ -9,16 +9,13 @@ H200 is the GPU run's (`REPLAYSSM_CONFIG=gdn_k_tree=2 pytest tests/test_gdn_kern
 """
 
 import json
-import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from replayssm_kernels.gdn.lanes import allsum_ptx, shuffles
-from script_loader import ROOT
+from script_loader import run_compiled
 
 F = np.float32
 
@@ -124,11 +121,7 @@ def test_shuffle_form_kernels_put_lane_g_on_lane_id_g():
     inline-asm op an `[N, 32]` tensor with the 32 lanes of one warp along axis 1 and the N
     columns in every thread's registers, which is what its PTX assumes; and the PTX holds the
     shuffles of the shuffle form, not the butterfly's 5 per column."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "kernel_regs.py"), "--shuffle-form"], env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = [json.loads(ln) for ln in out.stdout.splitlines() if ln.startswith("{")]
+    rows = [json.loads(ln) for ln in run_compiled("kernel_regs", "--shuffle-form").splitlines() if ln.startswith("{")]
     assert {r["name"].split(" shuffle")[0] for r in rows} == {"fold", "decode plan 3 state launch",
                                                               "decode flush launch"}
     for r in rows:

@@ -3,19 +3,11 @@ they show what the launch options exist for. A kernel change that loses an optio
 shuffle form back at the butterfly's shuffles, the tensor-core state launch compiled without
 tensor-core instructions) fails here before it costs device time."""
 
-import os
-import subprocess
-import sys
-
-from script_loader import ROOT
+from script_loader import run_compiled
 
 
 def _table(flag):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "kernel_regs.py"), flag], env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("|")]
+    lines = [ln for ln in run_compiled("kernel_regs", flag).splitlines() if ln.startswith("|")]
     head = [c.strip() for c in lines[0].strip("|").split("|")]
     rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:]]
     return {r[0]: dict(zip(head[1:], r[1:])) for r in rows}
