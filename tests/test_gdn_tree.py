@@ -192,9 +192,17 @@ def test_shuffle_form_needs_one_warp():
                 h.decode(q, k, v, a, b)
 
 
-def test_replay_form_setting_is_checked():
-    """gdn_k_tree takes 0, 1 or 2 (REPLAYSSM_CONFIG); another number is refused with the choices."""
+def test_replay_form_setting_is_checked(monkeypatch):
+    """gdn_k_tree takes 0, 1 or 2 (REPLAYSSM_CONFIG); another number is refused with the choices.
+    Default: the shuffle form on the GPU (session 18), the plain form under the interpreter."""
+    import os
+
+    from replayssm_kernels import configs
     from replayssm_kernels.configs import gdn_k_tree
+
+    monkeypatch.setattr(configs, "_OVERRIDES", {})
+    on_gpu = os.environ.get("TRITON_INTERPRET", "0") != "1"
+    assert gdn_k_tree(128) == (2 if on_gpu else 0) and gdn_k_tree(64) == 0
 
     with override("gdn_k_tree", (3,)):
         with pytest.raises(ValueError, match="gdn_k_tree=3.*2 = shuffle"):

@@ -297,12 +297,19 @@ def gdn_replay_unroll() -> int:
     return _GDN_REPLAY_UNROLL
 
 
-# The tree form of the GDN exact replay (gdn/common.py): off until the H200 tests show it
-# bit-identical to SGLang's kernel. Never under the interpreter unless asked for (numpy sums there).
-# 2 = the shuffle form (the tree form's order, the baseline's tile, cross-lane sums by
-# gdn/lanes.py): prepared in session 17 without a GPU, not measured, off.
-_GDN_K_TREE = 0
+# The form of the GDN exact replay (gdn/common.py) on the GPU. 2 = the shuffle form (the tree
+# form's order, the baseline's tile, cross-lane sums by gdn/lanes.py): the default since session 18
+# (H200, 2026-12-03, docs/perf.md run 10): the 53 GDN kernel tests pass with it (committed state
+# torch.equal to SGLang's kernel), decode flush of a full ring 795 -> 604 us and commit fold of 15
+# entries 646 -> 483 us at batch 256, HV=32. Under the interpreter the plain form unless asked for
+# (the shuffle form's inline PTX cannot run there; the CPU tests check it on a lane model).
+_GDN_K_TREE = 2
 GDN_K_FORMS = {0: "plain", 1: "tree", 2: "shuffle"}
+
+
+def _interpreted() -> bool:
+    """Whether Triton runs under its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def gdn_k_tree(K: int) -> int:
@@ -316,7 +323,7 @@ def gdn_k_tree(K: int) -> int:
             raise ValueError(f"gdn_k_tree={form}: expected one of {sorted(GDN_K_FORMS)} "
                              f"({', '.join(f'{k} = {v}' for k, v in GDN_K_FORMS.items())}); fix REPLAYSSM_CONFIG")
         return form
-    return _GDN_K_TREE if os.environ.get("TRITON_INTERPRET", "0") != "1" else 0
+    return _GDN_K_TREE if not _interpreted() else 0
 
 
 def ring_min_batch(family: str) -> int:
@@ -381,8 +388,12 @@ def gdn_history_rt(decode: bool) -> bool:
 # tensor-core product in tf32x3 instead of 2T warp reductions: outputs only, never the exact
 # replay. Offline (sm_90, T = 4): 3032 warp instructions per 16 value rows with the default tile,
 # 1224-1608 with tensor cores (kernel_regs.py --state-launch; docs/perf.md "Prepared in session 17").
-# Prepared in session 17 without a GPU run: off until the H200 times it (docs/runbook.md).
-_GDN_STATE_DOT = {"verify": False, "decode": False}
+# On for verify since session 18 (H200, 2026-12-03, docs/perf.md run 10: the verify's state launch
+# at batch 256, HV=32, 335 -> 282 us with the 16x1 tile, 443 -> 240 us with 32x2; the GDN kernel tests
+# pass with it); decode's non-flush rows not timed with it, so off. GPU only: under the interpreter
+# off unless asked for, so that the CPU suite keeps testing the warp-reduction products it always has
+# (test_gdn_state_tensor_core_products runs the tensor-core ones there).
+_GDN_STATE_DOT = {"verify": True, "decode": False}
 
 
 def gdn_state_dot(decode: bool) -> bool:
@@ -393,7 +404,7 @@ def gdn_state_dot(decode: bool) -> bool:
     if "gdn_state_dot" in _OVERRIDES:
         nums = _OVERRIDES["gdn_state_dot"]
         return bool(nums[-1] if decode and len(nums) > 1 else nums[0])
-    return _GDN_STATE_DOT["decode" if decode else "verify"]
+    return _GDN_STATE_DOT["decode" if decode else "verify"] and not _interpreted()
 
 
 # The GDN two-launch verify's prep launch (per row and key head: the key products, the UT
