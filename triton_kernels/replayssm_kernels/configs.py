@@ -307,7 +307,7 @@ _GDN_K_TREE = 2
 GDN_K_FORMS = {0: "plain", 1: "tree", 2: "shuffle"}
 
 
-def _interpreted() -> bool:
+def interpreted() -> bool:
     """Whether Triton runs under its CPU interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -323,7 +323,7 @@ def gdn_k_tree(K: int) -> int:
             raise ValueError(f"gdn_k_tree={form}: expected one of {sorted(GDN_K_FORMS)} "
                              f"({', '.join(f'{k} = {v}' for k, v in GDN_K_FORMS.items())}); fix REPLAYSSM_CONFIG")
         return form
-    return _GDN_K_TREE if not _interpreted() else 0
+    return _GDN_K_TREE if not interpreted() else 0
 
 
 def ring_min_batch(family: str) -> int:
@@ -404,7 +404,7 @@ def gdn_state_dot(decode: bool) -> bool:
     if "gdn_state_dot" in _OVERRIDES:
         nums = _OVERRIDES["gdn_state_dot"]
         return bool(nums[-1] if decode and len(nums) > 1 else nums[0])
-    return _GDN_STATE_DOT["decode" if decode else "verify"] and not _interpreted()
+    return _GDN_STATE_DOT["decode" if decode else "verify"] and not interpreted()
 
 
 # The GDN two-launch verify's prep launch (per row and key head: the key products, the UT

@@ -23,12 +23,13 @@ interpreter (no PTX) the same pairings are written as tensor sums.
 from __future__ import annotations
 
 import itertools
-import os
 
 import triton
 import triton.language as tl
 
-_INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+from ..configs import interpreted
+
+_INTERPRET = tl.constexpr(interpreted())
 LANES = 32
 _WIDTHS = (1, 2, 4, 8, 16, 32)
 
