@@ -20,6 +20,8 @@
 #                  it on, decode/fold phases at batch 256 plain vs shuffle, the benchmark with it  [.whl]
 #   gdn_dot        the GDN verify's state launch on tensor cores (configs.gdn_state_dot): GDN kernel tests
 #                  with it on, verify phases at batch 256 per tile off vs on, the benchmark with it  [.whl]
+#   gdn_small      GDN spec below batch 32: the fold's loads two entries ahead and one sub-tile per
+#                  fold program: tests, fold phases at batches 1 and 8, bench 32/8/1      [.whl]
 #   gdn_sweep      GDN launch plans and the exact replay's unroll depths vs SGLang's kernels  [.whl]
 #   e2e320         Nemotron-H + NEXTN parity at 320 running requests      [.whl2 .tiny]
 #   e2e_dispatch   GDN decode plan 3 and the ring decode from 64 rows: the 32-prompt cases (ring at
@@ -125,7 +127,8 @@ profile_per_config() {
   for cfg in "$@"; do
     run env OUT="$dir" REPLAYSSM_CONFIG="$cfg" GDNPROFILE_TIMEOUT=100 GDNPROFILE_ARGS="$args" \
       bash scripts/device_kernels.sh profile
-    [ "$DRY" = 1 ] || { echo "=== REPLAYSSM_CONFIG=$cfg"; cat "$dir/profile_gdn.log"; } >>"$dir/profiles.log"
+    [ "$DRY" = 1 ] || { echo "=== REPLAYSSM_CONFIG=$cfg GDNPROFILE_ARGS=$args"; cat "$dir/profile_gdn.log"; } \
+      >>"$dir/profiles.log"
   done
   [ "$DRY" = 1 ] || rm -f "$dir/profile_gdn.log"
 }
@@ -181,6 +184,25 @@ step_gdn_dot() {
     "--decode-configs 3x16x1x3x8x0x1 --verify-configs 16x1x2x4,32x2x2x4,64x4x2x4 --verify-fills 0,8,12 --fold-lens 4 --reps 15" \
     gdn_state_dot=1x0 \
     gdn_state_dot=0 gdn_state_dot=1x0
+}
+
+step_gdn_small() {
+  # GDN spec below batch 32 (verify + commit 0.75x of stock at batch 1, 0.87x at 8 in run 10): at
+  # batch 8 our verify launch is faster than SGLang's (run 11: 25.1 vs 32.0 us) and the gap is the
+  # commit fold, ~0.9-1.6 us per replayed entry on a mostly idle GPU. Two options prepared in
+  # session 19: each entry's ring loads two entries ahead (gdn_replay_unroll=0) and one 8-column
+  # sub-tile per fold program below 64 rows (gdn_fold_narrow_below=64). The GDN kernel tests with
+  # both on (the shuffle form's bits with them only here), the fold phases at batches 1 and 8 per
+  # option (profiles.log), then the benchmark at batches 32, 8 and 1 with both on (run 10 call 2
+  # has the defaults at those batches). Make either the default (below which batch) only if faster.
+  local d="$OUT/gdn_small" both=gdn_replay_unroll=0,gdn_fold_narrow_below=64 b
+  run env OUT="$d" REPLAYSSM_CONFIG=$both GDNTESTS_TIMEOUT=240 bash scripts/device_kernels.sh gdntests
+  for b in 1 8; do
+    profile_per_config "$d" "--batch $b --no-verify --decode-configs 3x16x1x3x8x0x1 --fold-lens 4,12,15 --reps 15" \
+      gdn_replay_unroll=1 gdn_replay_unroll=0 gdn_fold_narrow_below=64 $both
+  done
+  run env OUT="$d" REPLAYSSM_CONFIG=$both BENCH_TIMEOUT=$(( $(left) - 15 )) \
+    BENCH_ARGS="--family gdn --batches 32,8,1" bash scripts/device_kernels.sh bench
 }
 
 step_gdn_sweep() {
@@ -320,7 +342,7 @@ step_aime() {
     --time-budget $(( $(left) - 30 ))
 }
 
-STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
+STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
 [ $# -gt 0 ] || { echo "usage: $0 STEP [STEP ...]; steps: ${STEPS[*]}" >&2; exit 2; }
 for s in "$@"; do
   [[ " ${STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s; steps: ${STEPS[*]}" >&2; exit 2; }

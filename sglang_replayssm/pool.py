@@ -489,9 +489,10 @@ class ReplaySSMMambaPool(MambaPool):
 
 
 def _triton_interpret() -> bool:
-    import os
+    """`configs.interpreted()`, imported when asked (the seam tests/test_pool.py patches)."""
+    from replayssm_kernels.configs import interpreted
 
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return interpreted()
 
 
 def _ring_names(rings) -> list[str]:

@@ -216,6 +216,34 @@ def test_gdn_fold_whole_tile(device, assert_within_baseline):
         test_gdn_fold_snapshot_at_track_step(device)
 
 
+def test_gdn_fold_small_batch_options(device, assert_within_baseline, monkeypatch):
+    """The two small-batch fold options (both off by default). Below `gdn_fold_narrow_below` rows a
+    fold program owns one 8-column sub-tile instead of 32 columns (four times the programs, a
+    quarter of the chain each); below `gdn_replay_unroll_below` rows the replay takes that depth
+    (here 0: loads two entries ahead), and every replaying launch asks with its row count. Commits
+    (V = 40: a partial last tile), decode flushes and a radix-track snapshot stay exact."""
+    from replayssm_kernels import configs
+    from replayssm_kernels.configs import gdn_fold_block_v, gdn_replay_unroll, override
+    from replayssm_kernels.gdn import decode, fold, verify
+
+    assert (gdn_fold_block_v(8, 128), gdn_replay_unroll(8)) == (32, 1)  # off by default
+    asked = []
+
+    def recorder(rows=None):
+        asked.append(rows)
+        return configs.gdn_replay_unroll(rows)
+
+    for mod in (decode, fold, verify):
+        monkeypatch.setattr(mod, "gdn_replay_unroll", recorder)
+    with override("gdn_fold_narrow_below", (64,)), override("gdn_replay_unroll_below", (64, 0)):
+        assert (gdn_fold_block_v(8, 128), gdn_fold_block_v(63, 40), gdn_fold_block_v(64, 128)) == (8, 8, 32)
+        assert (gdn_replay_unroll(8), gdn_replay_unroll(64), gdn_replay_unroll()) == (0, 1, 1)
+        test_gdn_verify_commit(2, 1, 2, 32, 40, 8, 4, bf16, 8, device, assert_within_baseline)
+        test_gdn_decode(2, 1, 2, 32, 16, 4, bf16, 10, device, assert_within_baseline)
+        test_gdn_fold_snapshot_at_track_step(device)
+    assert asked and None not in asked
+
+
 def test_gdn_partial_fold_rotates_origin(device):
     """Fold only part of the committed entries (radix track boundary): origin rotates, the rest
     stays pending, and the committed state is still exact."""
@@ -460,11 +488,12 @@ def test_gdn_fold_from_cursors_equals_the_pending_plan(device):
     assert wpos[[5, 0, 2]].tolist() == [4, 0, 3] and origin[[5, 0, 2]].tolist() == [1, 2, 3]
 
 
-@pytest.mark.parametrize("unroll", [4, 3])
+@pytest.mark.parametrize("unroll", [4, 3, 0])
 def test_gdn_replay_unroll_depths_are_exact(unroll, device, assert_within_baseline):
     """Other straight-line depths of the GDN exact replay (`configs.gdn_replay_unroll`, timed by the
     kernel sweep): decode flushes, commit folds and the radix-track snapshot inside an unrolled chunk
-    stay bit-exact, through the chunked main loop and the one-entry remainder loop."""
+    stay bit-exact, through the chunked main loop and the one-entry remainder loop; 0 (the loop
+    with each entry's loads issued two entries ahead) likewise, the loads past the last entry masked off."""
     from replayssm_kernels.configs import gdn_replay_unroll, override
 
     with override("gdn_replay_unroll", (unroll,)):

@@ -21,7 +21,8 @@ _OVERRIDE_ARITY = {"gdn_decode": (7,), "gdn_verify": (3, 4), "gdn_fold_cols": (1
                    "mamba2_decode_tile": (3,), "mamba2_verify_tile": (3,), "mamba2_chunk_min_batch": (1,),
                    "mamba2_replay_unroll": (1,), "gdn_replay_unroll": (1,), "mamba2_ring_bc_min_batch": (1,),
                    "gdn_k_tree": (1,), "gdn_state_kc": (1, 2), "gdn_history_rt": (1, 2), "gdn_prep": (2,),
-                   "gdn_state_dot": (1, 2)}
+                   "gdn_state_dot": (1, 2), "gdn_fold_narrow_below": (1,),
+                   "gdn_replay_unroll_below": (2,)}
 
 
 def parse_plan(name: str, text: str) -> tuple[int, ...] | None:
@@ -56,7 +57,12 @@ def describe() -> str:
         "gdn_decode=" + gdn_decode_config(128, 128).key(),
         "gdn_verify=" + "x".join(map(str, gdn_verify_config(128, 128, 4))),
         f"gdn_fold_cols={gdn_fold_cols()}",
-        f"gdn_replay_unroll={gdn_replay_unroll()} (ring entries per straight-line chunk of the exact replay)",
+        f"gdn_fold_narrow_below={_OVERRIDES.get('gdn_fold_narrow_below', (_GDN_FOLD_NARROW_BELOW,))[0]} (GDN fold: "
+        "below this many rows one gdn_fold_cols sub-tile per program instead of 32 columns; 0 = never)",
+        f"gdn_replay_unroll={gdn_replay_unroll()} (ring entries per straight-line chunk of the exact replay; "
+        "0 = one at a time, its loads issued two entries ahead)",
+        "gdn_replay_unroll_below={}x{} (below this many rows that depth instead; 0 rows = never)".format(
+            *_OVERRIDES.get("gdn_replay_unroll_below", _GDN_REPLAY_UNROLL_BELOW)),
         f"gdn_state_kc={gdn_state_kc(128, False)}x{gdn_state_kc(128, True)} (K chunk of the GDN output-only "
         "state tile, verify x decode; 0 = the whole K across a warp's lanes)",
         f"gdn_history_rt={int(gdn_history_rt(False))}x{int(gdn_history_rt(True))} (committed ring entries read "
@@ -287,14 +293,24 @@ def mamba2_ring_bc(rows: int) -> bool:
 
 # The same for the GDN exact replay (decode flush, commit fold): 1 (one entry per loop iteration)
 # is what every run so far measured; `bench_kernels.py --sweep` also times GDN_UNROLL_SWEEP.
+# 0 = one entry per iteration with its ring loads issued two entries ahead (gdn/common.py
+# gdn_replay), prepared in session 19 for small batches, where a commit fold of 12-15 entries
+# costs ~0.9 us (batch 1) to ~1.6 us (batch 8) per entry at HV=32 (docs/perf.md run 11); not
+# yet timed.
 _GDN_REPLAY_UNROLL = 1
-GDN_UNROLL_SWEEP = (4,)
+GDN_UNROLL_SWEEP = (4, 0)
+# (rows, unroll): launches over fewer rows than `rows` replay with `unroll` instead (0 rows = never),
+# for a depth that only pays where the fold is latency-bound; `gdn_replay_unroll_below=ROWSxU`.
+_GDN_REPLAY_UNROLL_BELOW = (0, 0)
 
 
-def gdn_replay_unroll() -> int:
+def gdn_replay_unroll(rows: int | None = None) -> int:
+    """Replay depth of the GDN exact replay for a launch over `rows` rows (None: the depth for
+    large batches). `gdn_replay_unroll=N` sets it for every launch."""
     if "gdn_replay_unroll" in _OVERRIDES:
         return _OVERRIDES["gdn_replay_unroll"][0]
-    return _GDN_REPLAY_UNROLL
+    below, unroll = _OVERRIDES.get("gdn_replay_unroll_below", _GDN_REPLAY_UNROLL_BELOW)
+    return unroll if rows is not None and rows < below else _GDN_REPLAY_UNROLL
 
 
 # The form of the GDN exact replay (gdn/common.py) on the GPU. 2 = the shuffle form (the tree
@@ -339,6 +355,22 @@ def gdn_fold_cols() -> int:
     if "gdn_fold_cols" in _OVERRIDES:
         return _OVERRIDES["gdn_fold_cols"][0]
     return 8
+
+
+# Rows below which a GDN commit fold's program owns one gdn_fold_cols() sub-tile of value columns
+# instead of 32 (0 = never). A 32-column program replays its sub-tiles one after another, so at
+# small batches (128 programs at batch 1, HV=32) the fold is a chain of 4 x n entry steps on a
+# mostly idle GPU (docs/perf.md run 11); one sub-tile per program makes the chain n steps on four
+# times the programs. The columns are independent, so the bits are the same. Prepared in session 19;
+# not yet timed, so it stays off.
+_GDN_FOLD_NARROW_BELOW = 0
+
+
+def gdn_fold_block_v(rows: int, V: int) -> int:
+    """Value columns per program of the GDN fold (`gdn/fold.py`) for a fold over `rows` rows."""
+    bv = min(1 << max(V - 1, 0).bit_length(), 32)
+    below = _OVERRIDES.get("gdn_fold_narrow_below", (_GDN_FOLD_NARROW_BELOW,))[0]
+    return min(bv, gdn_fold_cols()) if rows < below else bv
 
 
 # K chunk of the checkpoint tile in the output-only GDN state launch (gdn/verify_split.py), for

@@ -116,13 +116,22 @@ def _chain4(x0, x1, x2, x3, y0, y1, y2, y3):
 
 
 @triton.jit
-def _split_e(x):
-    """`[N, 4, 8, 4]` -> its 4 slices along the last axis (`[N, 4, 8]` each)."""
-    N: tl.constexpr = x.shape[0]
-    a, b = tl.split(tl.reshape(x, [N, 4, 8, 2, 2]))  # a: e = 0, 2; b: e = 1, 3
+def _split4(x):
+    """`[R, 32, 4]` -> its 4 slices along the last axis (`[R, 32]` each)."""
+    R: tl.constexpr = x.shape[0]
+    a, b = tl.split(tl.reshape(x, [R, 32, 2, 2]))  # a: e = 0, 2; b: e = 1, 3
     x0, x2 = tl.split(a)
     x1, x3 = tl.split(b)
     return x0, x1, x2, x3
+
+
+@triton.jit
+def _split_e(x):
+    """`[N, 4, 8, 4]` -> its 4 slices along the last axis (`[N, 4, 8]` each)."""
+    N: tl.constexpr = x.shape[0]
+    x0, x1, x2, x3 = _split4(tl.reshape(x, [N, 32, 4]))
+    return (tl.reshape(x0, [N, 4, 8]), tl.reshape(x1, [N, 4, 8]), tl.reshape(x2, [N, 4, 8]),
+            tl.reshape(x3, [N, 4, 8]))
 
 
 @triton.jit
@@ -149,9 +158,7 @@ def gdn_l2norm_rows(x, TREE: tl.constexpr):
     layout, gets the bits SGLang's kernel computes for that key."""
     if TREE:
         R: tl.constexpr = x.shape[0]
-        a, b = tl.split(tl.reshape(x, [R, 32, 2, 2]))  # [row, g, e // 2, e % 2]
-        x0, x2 = tl.split(a)
-        x1, x3 = tl.split(b)
+        x0, x1, x2, x3 = _split4(tl.reshape(x, [R, 32, 4]))  # [row, g] for each e
         s = _chain4(x0, x1, x2, x3, x0, x1, x2, x3)
         s = tl.sum(tl.reshape(s, [R, 2, 16]), 1)  # g ^ 16
         s = tl.sum(tl.reshape(s, [R, 2, 8]), 1)
@@ -189,16 +196,6 @@ def gdn_tree_step(b_h, b_kn, b_v, b_g, b_beta):
 
 
 @triton.jit
-def _split4(x):
-    """`[..., 32, 4]` -> its 4 slices along the last axis."""
-    R: tl.constexpr = x.shape[0]
-    a, b = tl.split(tl.reshape(x, [R, 32, 2, 2]))  # a: e = 0, 2; b: e = 1, 3
-    x0, x2 = tl.split(a)
-    x1, x3 = tl.split(b)
-    return x0, x1, x2, x3
-
-
-@triton.jit
 def gdn_shfl_dot(h, x):
     """Per-column sum over K of `h * x` in the baseline's order, for a `[N, 128]` tile held as the
     baseline holds it (lane g: K = 4g .. 4g+3): each lane's 4-product chain, then
@@ -222,22 +219,38 @@ def gdn_shfl_step(b_h, b_kn, b_v, b_g, b_beta):
 
 
 @triton.jit
-def _gdn_replay_entry(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, phys, K: tl.constexpr, V: tl.constexpr,
-                      TREE: tl.constexpr):
-    b_rv = tl.load(p_rv + phys * V + o_v, mask=mask_v, other=0).to(tl.float32)
-    b_rg = tl.load(p_rg + phys)
-    b_rb = tl.load(p_rb + phys)
+def _gdn_replay_load(p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, phys, ok, K: tl.constexpr, V: tl.constexpr,
+                     TREE: tl.constexpr):
+    """The ring inputs of the entry at physical index `phys` (zeros where `ok` is false):
+    `(k, v, g, beta)`, `k` raw (plain form) or normalised fp32 (the tree and shuffle forms)."""
+    b_rv = tl.load(p_rv + phys * V + o_v, mask=mask_v & ok, other=0).to(tl.float32)
+    b_rg = tl.load(p_rg + phys, mask=ok, other=0)
+    b_rb = tl.load(p_rb + phys, mask=ok, other=0)
     if TREE:
         # The fp32 `k` ring: every writer normalised it with gdn_l2norm_rows(TREE), i.e. exactly.
-        b_kn = tl.load(p_rk + phys * K + o_k)
-        if TREE == 1:
-            b_h = gdn_tree_step(b_h, b_kn, b_rv, b_rg, b_rb)
-        else:
-            b_h = gdn_shfl_step(b_h, b_kn, b_rv, b_rg, b_rb)
+        b_rk = tl.load(p_rk + phys * K + o_k, mask=ok, other=0)
     else:
-        b_rk = tl.load(p_rk + phys * K + o_k, mask=mask_k, other=0).to(tl.float32)
+        b_rk = tl.load(p_rk + phys * K + o_k, mask=mask_k & ok, other=0).to(tl.float32)
+    return b_rk, b_rv, b_rg, b_rb
+
+
+@triton.jit
+def _gdn_replay_apply(b_h, b_rk, b_rv, b_rg, b_rb, TREE: tl.constexpr):
+    """One exact step of the state tile on loaded ring inputs (`_gdn_replay_load`)."""
+    if TREE == 1:
+        b_h = gdn_tree_step(b_h, b_rk, b_rv, b_rg, b_rb)
+    elif TREE == 2:
+        b_h = gdn_shfl_step(b_h, b_rk, b_rv, b_rg, b_rb)
+    else:
         b_h, b_rk = gdn_exact_step(b_h, b_rk, b_rv, b_rg, b_rb)
     return b_h
+
+
+@triton.jit
+def _gdn_replay_entry(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, phys, K: tl.constexpr, V: tl.constexpr,
+                      TREE: tl.constexpr):
+    b_rk, b_rv, b_rg, b_rb = _gdn_replay_load(p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, phys, True, K, V, TREE)
+    return _gdn_replay_apply(b_h, b_rk, b_rv, b_rg, b_rb, TREE)
 
 
 @triton.jit
@@ -251,22 +264,45 @@ def gdn_replay(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org, n, p_
     `p_rk` / `p_rv` point at this key / value head's raw-k (tree form: normalised fp32 `k`) / raw-v
     ring row 0 (no column offsets),
     `p_rg` / `p_rb` at its g / beta ring. Whole chunks of `UNROLL` entries are straight-line code
-    (their loads need not wait on the state chain); the remainder runs one entry at a time. With
+    (their loads need not wait on the state chain); the remainder runs one entry at a time.
+    `UNROLL == 0`: one entry at a time, its loads issued two entries ahead (prefetch). With
     HAS_SNAP the tile after entry `snap_at - 1` is also stored at `p_snap` (radix track).
     """
-    n_main = (n // UNROLL) * UNROLL
-    for j0 in range(0, n_main, UNROLL):
-        for u in tl.static_range(UNROLL):
-            b_h = _gdn_replay_entry(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, (org + j0 + u) % RL, K, V, TREE)
-            if HAS_SNAP:
-                if j0 + u + 1 == snap_at:
-                    tl.store(p_snap, b_h.to(p_snap.dtype.element_ty), mask=mask_h)
-    if UNROLL > 1:
-        for j in range(n_main, n):
-            b_h = _gdn_replay_entry(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, (org + j) % RL, K, V, TREE)
+    if UNROLL == 0:
+        # One entry per iteration, each entry's ring loads issued two iterations before its
+        # arithmetic: at small batches a fold is a chain of dependent entries whose time is mostly
+        # load latency (docs/perf.md run 11), and ptxas places a next-entry load late in the loop
+        # body (offline SASS, session 19), so one entry ahead hides little. Same arithmetic, same
+        # bits; the loads past entry n - 1 are masked off.
+        a_rk, a_rv, a_rg, a_rb = _gdn_replay_load(p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org % RL,
+                                                  n > 0, K, V, TREE)
+        b_rk, b_rv, b_rg, b_rb = _gdn_replay_load(p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v,
+                                                  (org + 1) % RL, n > 1, K, V, TREE)
+        for j in range(n):
+            c_rk, c_rv, c_rg, c_rb = a_rk, a_rv, a_rg, a_rb
+            a_rk, a_rv, a_rg, a_rb = b_rk, b_rv, b_rg, b_rb
+            b_rk, b_rv, b_rg, b_rb = _gdn_replay_load(p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v,
+                                                      (org + j + 2) % RL, j + 2 < n, K, V, TREE)
+            b_h = _gdn_replay_apply(b_h, c_rk, c_rv, c_rg, c_rb, TREE)
             if HAS_SNAP:
                 if j + 1 == snap_at:
                     tl.store(p_snap, b_h.to(p_snap.dtype.element_ty), mask=mask_h)
+    else:
+        n_main = (n // UNROLL) * UNROLL
+        for j0 in range(0, n_main, UNROLL):
+            for u in tl.static_range(UNROLL):
+                b_h = _gdn_replay_entry(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, (org + j0 + u) % RL,
+                                        K, V, TREE)
+                if HAS_SNAP:
+                    if j0 + u + 1 == snap_at:
+                        tl.store(p_snap, b_h.to(p_snap.dtype.element_ty), mask=mask_h)
+        if UNROLL > 1:
+            for j in range(n_main, n):
+                b_h = _gdn_replay_entry(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, (org + j) % RL,
+                                        K, V, TREE)
+                if HAS_SNAP:
+                    if j + 1 == snap_at:
+                        tl.store(p_snap, b_h.to(p_snap.dtype.element_ty), mask=mask_h)
     return b_h
 
 
@@ -302,18 +338,14 @@ def gdn_decode_flush(
         b_h = gdn_replay(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org, wp, p_h, 0, mask_h,
                          K, V, RL, UNROLL, False, TREE)
         b_v = tl.load(p_vin + o_v, mask=mask_v, other=0).to(tl.float32)
+        b_h = _gdn_replay_apply(b_h, b_k, b_v, b_g, b_beta, TREE)  # this token, as a replayed entry
         if TREE == 2:
-            b_h = gdn_shfl_step(b_h, b_k, b_v, b_g, b_beta)
             o_g = tl.arange(0, 32)
             # [BVF, 32], the same in every lane: lane 0 stores it.
             tl.store(p_o + o_v[:, None] + o_g[None, :] * 0, gdn_shfl_dot(b_h, b_q).to(p_o.dtype.element_ty),
                      mask=mask_v[:, None] & (o_g[None, :] == 0))
+        elif TREE == 1:
+            tl.store(p_o + o_v, gdn_tree_dot(b_h, b_q).to(p_o.dtype.element_ty), mask=mask_v)
         else:
-            if TREE == 1:
-                b_h = gdn_tree_step(b_h, b_k, b_v, b_g, b_beta)
-                b_o = gdn_tree_dot(b_h, b_q)
-            else:
-                b_h, b_kn = gdn_exact_step(b_h, b_k, b_v, b_g, b_beta)
-                b_o = tl.sum(b_h * b_q[:, None], 0)
-            tl.store(p_o + o_v, b_o.to(p_o.dtype.element_ty), mask=mask_v)
+            tl.store(p_o + o_v, tl.sum(b_h * b_q[:, None], 0).to(p_o.dtype.element_ty), mask=mask_v)
         tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_h)

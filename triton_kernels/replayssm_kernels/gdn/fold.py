@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import gdn_fold_cols, gdn_k_tree, gdn_replay_unroll
+from ..configs import gdn_fold_block_v, gdn_fold_cols, gdn_k_tree, gdn_replay_unroll
 from ..cursors import load_fold_plan
 from .common import gdn_k_offsets, gdn_replay, gdn_state_offsets, gdn_tile_ids
 from .rings import GDNRings, check_gdn_rings
@@ -133,7 +133,7 @@ def gdn_replay_fold(
     if B == 0 or Lm == 0:
         return
     BK = triton.next_power_of_2(K)
-    BV = min(triton.next_power_of_2(V), 32)
+    BV = gdn_fold_block_v(B, V)
     out = dst if has_dst else state
     from_cursors = cursors is not None
     if from_cursors:
@@ -149,6 +149,6 @@ def gdn_replay_fold(
         rings.rawv.stride(0), rings.rawv.stride(1), ring_key.stride(0), ring_key.stride(1),
         rings.g.stride(0), rings.g.stride(1), rings.beta.stride(0), rings.beta.stride(1),
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BVF=min(BV, gdn_fold_cols()), RL=rings.ring_len, HAS_DST=has_dst,
-        HAS_SNAP=has_snap, FROM_CURSORS=from_cursors, UNROLL=gdn_replay_unroll(), TREE=tree,
+        HAS_SNAP=has_snap, FROM_CURSORS=from_cursors, UNROLL=gdn_replay_unroll(B), TREE=tree,
         num_warps=1, num_stages=3,
     )
