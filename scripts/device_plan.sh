@@ -192,10 +192,11 @@ step_gdn_small() {
   # commit fold, ~0.9-1.6 us per replayed entry on a mostly idle GPU. Two options prepared in
   # session 19: each entry's ring loads two entries ahead (gdn_replay_unroll=0) and one 8-column
   # sub-tile per fold program below 64 rows (gdn_fold_narrow_below=64). The GDN kernel tests with
-  # both on (the shuffle form's bits with them only here), the fold phases at batches 1 and 8 per
+  # both on below 64 rows (thresholds, not the global depth, so the tests' own overrides still
+  # apply; the shuffle form's bits with them only here), the fold phases at batches 1 and 8 per
   # option (profiles.log), then the benchmark at batches 32, 8 and 1 with both on (run 10 call 2
   # has the defaults at those batches). Make either the default (below which batch) only if faster.
-  local d="$OUT/gdn_small" both=gdn_replay_unroll=0,gdn_fold_narrow_below=64 b
+  local d="$OUT/gdn_small" both=gdn_replay_unroll_below=64x0,gdn_fold_narrow_below=64 b
   run env OUT="$d" REPLAYSSM_CONFIG=$both GDNTESTS_TIMEOUT=240 bash scripts/device_kernels.sh gdntests
   for b in 1 8; do
     profile_per_config "$d" "--batch $b --no-verify --decode-configs 3x16x1x3x8x0x1 --fold-lens 4,12,15 --reps 15" \
