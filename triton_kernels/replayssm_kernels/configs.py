@@ -57,12 +57,12 @@ def describe() -> str:
         "gdn_decode=" + gdn_decode_config(128, 128).key(),
         "gdn_verify=" + "x".join(map(str, gdn_verify_config(128, 128, 4))),
         f"gdn_fold_cols={gdn_fold_cols()}",
-        f"gdn_fold_narrow_below={_OVERRIDES.get('gdn_fold_narrow_below', (_GDN_FOLD_NARROW_BELOW,))[0]} (GDN fold: "
+        f"gdn_fold_narrow_below={gdn_fold_narrow_below()} (GDN fold: "
         "below this many rows one gdn_fold_cols sub-tile per program instead of 32 columns; 0 = never)",
         f"gdn_replay_unroll={gdn_replay_unroll()} (ring entries per straight-line chunk of the exact replay; "
         "0 = one at a time, its loads issued two entries ahead)",
         "gdn_replay_unroll_below={}x{} (below this many rows that depth instead; 0 rows = never)".format(
-            *_OVERRIDES.get("gdn_replay_unroll_below", _GDN_REPLAY_UNROLL_BELOW)),
+            *gdn_replay_unroll_below()),
         f"gdn_state_kc={gdn_state_kc(128, False)}x{gdn_state_kc(128, True)} (K chunk of the GDN output-only "
         "state tile, verify x decode; 0 = the whole K across a warp's lanes)",
         f"gdn_history_rt={int(gdn_history_rt(False))}x{int(gdn_history_rt(True))} (committed ring entries read "
@@ -304,12 +304,16 @@ GDN_UNROLL_SWEEP = (4, 0)
 _GDN_REPLAY_UNROLL_BELOW = (0, 0)
 
 
+def gdn_replay_unroll_below() -> tuple[int, int]:
+    return _OVERRIDES.get("gdn_replay_unroll_below", _GDN_REPLAY_UNROLL_BELOW)
+
+
 def gdn_replay_unroll(rows: int | None = None) -> int:
     """Replay depth of the GDN exact replay for a launch over `rows` rows (None: the depth for
     large batches). `gdn_replay_unroll=N` sets it for every launch."""
     if "gdn_replay_unroll" in _OVERRIDES:
         return _OVERRIDES["gdn_replay_unroll"][0]
-    below, unroll = _OVERRIDES.get("gdn_replay_unroll_below", _GDN_REPLAY_UNROLL_BELOW)
+    below, unroll = gdn_replay_unroll_below()
     return unroll if rows is not None and rows < below else _GDN_REPLAY_UNROLL
 
 
@@ -366,11 +370,14 @@ def gdn_fold_cols() -> int:
 _GDN_FOLD_NARROW_BELOW = 0
 
 
+def gdn_fold_narrow_below() -> int:
+    return _OVERRIDES.get("gdn_fold_narrow_below", (_GDN_FOLD_NARROW_BELOW,))[0]
+
+
 def gdn_fold_block_v(rows: int, V: int) -> int:
     """Value columns per program of the GDN fold (`gdn/fold.py`) for a fold over `rows` rows."""
-    bv = min(1 << max(V - 1, 0).bit_length(), 32)
-    below = _OVERRIDES.get("gdn_fold_narrow_below", (_GDN_FOLD_NARROW_BELOW,))[0]
-    return min(bv, gdn_fold_cols()) if rows < below else bv
+    bv = min(_next_pow2(V), 32)
+    return min(bv, gdn_fold_cols()) if rows < gdn_fold_narrow_below() else bv
 
 
 # K chunk of the checkpoint tile in the output-only GDN state launch (gdn/verify_split.py), for
