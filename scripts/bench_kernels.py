@@ -160,7 +160,7 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
     from sglang.kernels.ops.attention.fla.gdn_replayssm_spec_fold import commit_gdn_replayssm_fold_all_layers
     from sglang.kernels.ops.mamba.mamba_state_scatter_triton import fused_mamba_state_scatter_with_mask
 
-    from replayssm_kernels import commit_prepare, decode_prepare
+    from replayssm_kernels import decode_prepare
     from replayssm_kernels.configs import (
         GDN_UNROLL_SWEEP,
         gdn_decode_config,
@@ -168,7 +168,7 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
         override,
         ring_min_batch,
     )
-    from replayssm_kernels.gdn import alloc_gdn_rings, gdn_replay_decode, gdn_replay_fold, gdn_replay_verify
+    from replayssm_kernels.gdn import alloc_gdn_rings, gdn_commit, gdn_replay_decode, gdn_replay_verify
 
     dev, act = "cuda", torch.bfloat16
     for H, HV in shapes:
@@ -329,16 +329,15 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
             rings = rings_all.layer(0)
             wpos.zero_()
             origin.zero_()
-            nf = torch.empty(B, dtype=torch.int32, device=dev)
-            no = torch.empty(B, dtype=torch.int32, device=dev)
+            tickets = torch.zeros(S, dtype=torch.int32, device=dev)
 
             def ours_spec():
+                # The backend's commit (pool.replayssm_commit): one launch below gdn_commit_fused_below rows.
                 for t in range(n_steps):
                     for i in range(sets):
                         gdn_replay_verify(qs[i], ks[i], vs[i], as_[i], bs_[i], A_log, dt_bias, state, rings,
                                           slots[i], wpos, origin, out=ov)
-                        commit_prepare(slots[i], wpos, origin, accs[t], L, T, row_nfold=nf, row_origin=no)
-                        gdn_replay_fold(state[None], rings_all, slots[i], nf, no)
+                        gdn_commit(state[None], rings_all, slots[i], wpos, origin, accs[t], L, T, tickets)
             cfgs = VERIFY_CONFIGS + (VERIFY_SWEEP if sweep else ())
             for cfg in cfgs:
                 with override("gdn_verify", cfg):
@@ -348,6 +347,10 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
             row["spec_ours_us"] = row["spec_ours_us_" + row["spec_ours_cfg"]]
             with override("gdn_verify", best), override("gdn_fold_cols", (32,)):
                 row["spec_ours_fold32_us"] = time_graph(ours_spec, sets * n_steps, reps)
+            # The commit both ways: commit_prepare + fold, and one launch (configs.gdn_commit_fused_below).
+            for name, below in (("twolaunch", 0), ("onelaunch", B + 1)):
+                with override("gdn_verify", best), override("gdn_commit_fused_below", (below,)):
+                    row[f"spec_ours_{name}_us"] = time_graph(ours_spec, sets * n_steps, reps)
             for unroll in (GDN_UNROLL_SWEEP if sweep else ()):
                 with override("gdn_verify", best), override("gdn_replay_unroll", (unroll,)):
                     row[f"spec_ours_us_u{unroll}"] = time_graph(ours_spec, sets * n_steps, reps)

@@ -20,8 +20,8 @@
 #                  it on, decode/fold phases at batch 256 plain vs shuffle, the benchmark with it  [.whl]
 #   gdn_dot        the GDN verify's state launch on tensor cores (configs.gdn_state_dot): GDN kernel tests
 #                  with it on, verify phases at batch 256 per tile off vs on, the benchmark with it  [.whl]
-#   gdn_small      GDN spec below batch 32: the fold's loads two entries ahead and one sub-tile per
-#                  fold program: tests, fold phases at batches 1 and 8, bench 32/8/1      [.whl]
+#   gdn_small      GDN spec below batch 64: the one-launch commit (cursor move inside the fold): tests
+#                  with it on, bench 64/32/8/1 timing the commit both ways               [.whl]
 #   gdn_sweep      GDN launch plans and the exact replay's unroll depths vs SGLang's kernels  [.whl]
 #   e2e320         Nemotron-H + NEXTN parity at 320 running requests      [.whl2 .tiny]
 #   e2e_dispatch   GDN decode plan 3 and the ring decode from 64 rows: the 32-prompt cases (ring at
@@ -187,23 +187,16 @@ step_gdn_dot() {
 }
 
 step_gdn_small() {
-  # GDN spec below batch 32 (verify + commit 0.75x of stock at batch 1, 0.87x at 8 in run 10): at
-  # batch 8 our verify launch is faster than SGLang's (run 11: 25.1 vs 32.0 us) and the gap is the
-  # commit fold, ~0.9-1.6 us per replayed entry on a mostly idle GPU. Two options prepared in
-  # session 19: each entry's ring loads two entries ahead (gdn_replay_unroll=0) and one 8-column
-  # sub-tile per fold program below 64 rows (gdn_fold_narrow_below=64). The GDN kernel tests with
-  # both on below 64 rows (thresholds, not the global depth, so the tests' own overrides still
-  # apply; the shuffle form's bits with them only here), the fold phases at batches 1 and 8 per
-  # option (profiles.log), then the benchmark at batches 32, 8 and 1 with both on (run 10 call 2
-  # has the defaults at those batches). Make either the default (below which batch) only if faster.
-  local d="$OUT/gdn_small" both=gdn_replay_unroll_below=64x0,gdn_fold_narrow_below=64 b
-  run env OUT="$d" REPLAYSSM_CONFIG=$both GDNTESTS_TIMEOUT=240 bash scripts/device_kernels.sh gdntests
-  for b in 1 8; do
-    profile_per_config "$d" "--batch $b --no-verify --decode-configs 3x16x1x3x8x0x1 --fold-lens 4,12,15 --reps 15" \
-      gdn_replay_unroll=1 gdn_replay_unroll=0 gdn_fold_narrow_below=64 $both
-  done
-  run env OUT="$d" REPLAYSSM_CONFIG=$both BENCH_TIMEOUT=$(( $(left) - 15 )) \
-    BENCH_ARGS="--family gdn --batches 32,8,1" bash scripts/device_kernels.sh bench
+  # GDN spec below batch 64 (run 10: verify + commit 0.75x of stock at batch 1, 0.87x at 8). Session
+  # 20 made the narrow fold the default below 33 rows (run 12) and prepared the one-launch commit
+  # (the cursor move inside the fold, gdn_commit_fused_below): the GDN kernel tests with it on
+  # below 64 rows (a threshold, so the tests' own overrides still apply), then the benchmark at
+  # batches 64, 32, 8 and 1, whose rows time the commit both ways (spec_ours_twolaunch_us /
+  # spec_ours_onelaunch_us). Make it the default below the batch where it is faster.
+  local d="$OUT/gdn_small"
+  run env OUT="$d" REPLAYSSM_CONFIG=gdn_commit_fused_below=64 GDNTESTS_TIMEOUT=240 bash scripts/device_kernels.sh gdntests
+  run env OUT="$d" BENCH_TIMEOUT=$(( $(left) - 15 )) BENCH_ARGS="--family gdn --batches 64,32,8,1" \
+    bash scripts/device_kernels.sh bench
 }
 
 step_gdn_sweep() {

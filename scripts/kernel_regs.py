@@ -89,7 +89,7 @@ def gdn_pointers(**types) -> dict:
     act = {n: "*bf16" for n in ("q", "k", "v", "a", "b", "o", "ring_d", "ring_rawv", "ring_rawk", "ring_fk")}
     f32 = {n: "*fp32" for n in ("A_log", "dt_bias", "state", "dst", "ring_k", "ring_g", "ring_beta", "scratch")}
     i32 = {n: "*i32" for n in ("slot_idx", "row_wp", "row_flush", "origin", "wpos", "dst_idx", "row_nfold",
-                               "row_origin", "snap_at", "snap_slot")}
+                               "row_origin", "snap_at", "snap_slot", "num_accepted", "tickets")}
     return {**act, **f32, **i32, **types}
 
 
@@ -241,17 +241,15 @@ def sass_loops(cubin: bytes) -> list[tuple[int, dict]]:
 
 def replay_loop_rows(H=16, HV=32, K=128, V=128, L=16):
     """The commit fold's replay loop (one ring entry, one 8-column sub-tile) per form of the exact
-    replay (`configs.gdn_k_tree`: plain, tree, shuffle), and the shuffle form with each entry's
-    loads issued two entries ahead (`gdn_replay_unroll=0`): SASS instructions per loop body and the
+    replay (`configs.gdn_k_tree`: plain, tree, shuffle): SASS instructions per loop body and the
     opcodes that matter for it (sm_90)."""
     from replayssm_kernels.gdn import fold
 
     rows = []
-    for form, unroll, what in ((0, 1, "plain"), (1, 1, "tree"), (2, 1, "shuffle"),
-                               (2, 0, "shuffle, loads 2 entries ahead")):
+    for form, what in ((0, "plain"), (1, "tree"), (2, "shuffle")):
         ptrs = gdn_pointers(ring_rawk="*fp32" if form else "*bf16")
         c = dict(H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=32, BVF=8, RL=L, HAS_DST=False,
-                 HAS_SNAP=False, FROM_CURSORS=False, UNROLL=unroll, TREE=form)
+                 HAS_SNAP=False, FROM_CURSORS=False, UNROLL=1, TREE=form)
         kern = fold._gdn_fold_kernel
         compiled = compile_variant(kern, signature(kern, ptrs, c), c, 1)
         n, ops = sass_loops(compiled.asm["cubin"])[0]

@@ -7,6 +7,7 @@ slot (all `size + 1` slots, the padding slot included) and SSM layer, see docs/d
     GDN rings     rssm_d, rssm_k, rssm_g, rssm_rawv, rssm_rawk, rssm_beta   (GDNRings)
     Mamba-2 rings rssm_x [Lm, S, NH, L, P], rssm_B [Lm, S, G, L, N], rssm_dt [Lm, S, NH, L]
     cursors   replayssm_wpos, replayssm_origin  [S] int32, shared by all layers
+              (replayssm_tickets [S] int32: the one-launch GDN commit's counters, 0 between launches)
 
 The ring tensors are fields of the pool's `State` (so `mamba2_layer_cache(i)` slices them per
 layer like conv/temporal, and PD transfer skips them via `_NON_TRANSFER_STATE_FIELDS`), and the
@@ -62,7 +63,7 @@ MAMBA2_RING_FIELDS = {"x": "rssm_x", "B": "rssm_B", "dt": "rssm_dt"}
 RING_FIELDS = {"gdn": GDN_RING_FIELDS, "mamba2": MAMBA2_RING_FIELDS}
 RING_FIELD_NAMES = frozenset(GDN_RING_FIELDS.values()) | frozenset(MAMBA2_RING_FIELDS.values())
 
-CURSOR_BYTES_PER_SLOT = 2 * 4  # replayssm_wpos + replayssm_origin, int32
+CURSOR_BYTES_PER_SLOT = 3 * 4  # replayssm_wpos, replayssm_origin, replayssm_tickets: int32
 
 
 # ------------------------------------------------------------------------------ build context
@@ -283,6 +284,9 @@ class ReplaySSMMambaPool(MambaPool):
             )
             self.replayssm_wpos = torch.zeros((num_slots,), dtype=torch.int32, device=device)
             self.replayssm_origin = torch.zeros((num_slots,), dtype=torch.int32, device=device)
+            # Ticket counters of the one-launch GDN commit (replayssm_kernels.gdn.gdn_commit); always 0
+            # between launches.
+            self.replayssm_tickets = torch.zeros((num_slots,), dtype=torch.int32, device=device)
             windows = None
             if speculative_num_draft_tokens is not None:
                 windows = self._alloc_conv_windows(
@@ -304,7 +308,7 @@ class ReplaySSMMambaPool(MambaPool):
         # Mamba-2: the `(A, dt_bias)` pair the fold reads (set_replayssm_mamba2_params).
         self.replayssm_mamba2_params: Optional[tuple] = None
 
-        usage = self.mamba_cache.mem_usage_bytes() + 2 * self.replayssm_wpos.numel() * 4
+        usage = self.mamba_cache.mem_usage_bytes() + self.replayssm_wpos.numel() * CURSOR_BYTES_PER_SLOT
         if windows is not None:
             usage += _nbytes(self._intermediate_conv_window_phys) - _nbytes(windows)
         self.mem_usage = usage / _GIB
@@ -379,6 +383,23 @@ class ReplaySSMMambaPool(MambaPool):
     @property
     def replayssm_checkpoint_bytes_per_slot(self) -> int:
         return _nbytes(self.mamba_cache.temporal) // (self.size + 1)
+
+    def replayssm_commit(self, slots: torch.Tensor, num_accepted: torch.Tensor, max_draft_tokens: int) -> None:
+        """Speculative commit without a radix track: move the rows' cursors by `num_accepted` and
+        fold what the early-flush rule says, all layers. GDN with its own fold: `gdn_commit` (one
+        launch at small batches); otherwise `commit_prepare` and the registered fold."""
+        from replayssm_kernels import commit_prepare
+
+        temporal, rings = self.mamba_cache.temporal, self.replayssm_rings
+        if self.replayssm_family == "gdn" and self.replayssm_fold_fn is _gdn_fold:
+            from replayssm_kernels.gdn.fold import gdn_commit
+
+            gdn_commit(temporal, rings, slots, self.replayssm_wpos, self.replayssm_origin, num_accepted,
+                       self.replayssm_ring_len, max_draft_tokens, self.replayssm_tickets)
+            return
+        n_fold, origin = commit_prepare(slots, self.replayssm_wpos, self.replayssm_origin, num_accepted,
+                                        self.replayssm_ring_len, max_draft_tokens)
+        self.replayssm_fold_fn(temporal, rings, slots, n_fold, origin)
 
     def set_replayssm_fold(self, fn: FoldFn) -> None:
         """Register the exact fold used by `copy_from`:

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from replayssm_kernels import commit_prepare, decode_prepare, pending_fold_plan
-from replayssm_kernels.gdn import alloc_gdn_rings, gdn_replay_decode, gdn_replay_fold, gdn_replay_verify
+from replayssm_kernels.gdn import alloc_gdn_rings, gdn_commit, gdn_replay_decode, gdn_replay_fold, gdn_replay_verify
 from replayssm_kernels.mamba2 import (
     alloc_mamba2_rings,
     mamba2_replay_decode,
@@ -48,6 +48,8 @@ class _RingHarness:
         self.slot_idx = torch.arange(batch, 0, -1, dtype=torch.int32, device=self.device)
         self.wpos = torch.zeros(self.num_slots, dtype=torch.int32, device=self.device)
         self.origin = torch.zeros(self.num_slots, dtype=torch.int32, device=self.device)
+        # The one-launch GDN commit's per-slot ticket counters (the pool keeps the same).
+        self.tickets = torch.zeros(self.num_slots, dtype=torch.int32, device=self.device)
         self._mode: Optional[str] = None
         self._pending_verify: Optional[int] = None
         self._act_dtype: Optional[torch.dtype] = None
@@ -84,6 +86,11 @@ class _RingHarness:
         self._pending_verify = T
 
     def _commit_plan(self, num_accepted) -> tuple[torch.Tensor, torch.Tensor]:
+        acc = self._accepted(num_accepted)
+        return commit_prepare(self.slot_idx, self.wpos, self.origin, acc, self.ring_len, self.max_draft_tokens)
+
+    def _accepted(self, num_accepted) -> torch.Tensor:
+        """`num_accepted` checked against the pending verify, as `[batch]` int32; ends the verify."""
         if self._pending_verify is None:
             raise RuntimeError("commit() without a preceding verify()")
         acc = torch.as_tensor(num_accepted, device=self.device).to(torch.int32).reshape(-1).contiguous()
@@ -93,7 +100,7 @@ class _RingHarness:
         if bool(((acc < 1) | (acc > T)).any()):
             raise ValueError(f"num_accepted must be in 1..{T}, got {acc.tolist()}")
         self._pending_verify = None
-        return commit_prepare(self.slot_idx, self.wpos, self.origin, acc, self.ring_len, self.max_draft_tokens)
+        return acc
 
     def _reset_cursors(self) -> None:
         self.wpos.zero_()
@@ -152,8 +159,8 @@ class GDNHarness(_RingHarness):
 
     def commit(self, num_accepted) -> None:
         """Accept `num_accepted[i]` (1..T') drafts of row i; folds when the next window needs room."""
-        row_nfold, row_origin = self._commit_plan(num_accepted)
-        gdn_replay_fold(self._state, self._rings, self.slot_idx, row_nfold, row_origin)
+        gdn_commit(self._state, self._rings, self.slot_idx, self.wpos, self.origin, self._accepted(num_accepted),
+                   self.ring_len, self.max_draft_tokens, self.tickets)
 
     def state(self) -> torch.Tensor:
         """Committed state `[batch, HV, V, K]` fp32: checkpoint + pending entries, exactly folded."""

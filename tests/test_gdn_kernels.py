@@ -216,34 +216,69 @@ def test_gdn_fold_whole_tile(device, assert_within_baseline):
         test_gdn_fold_snapshot_at_track_step(device)
 
 
-def test_gdn_fold_small_batch_options(device, assert_within_baseline, monkeypatch):
-    """The two small-batch fold options (both off by default). Below `gdn_fold_narrow_below` rows a
-    fold program owns one 8-column sub-tile instead of 32 columns (four times the programs, a
-    quarter of the chain each); below `gdn_replay_unroll_below` rows the replay takes that depth
-    (here 0: loads two entries ahead), and every replaying launch asks with its row count. Commits
-    (V = 40: a partial last tile), decode flushes and a radix-track snapshot stay exact."""
+def test_gdn_fold_narrow_programs(device, assert_within_baseline):
+    """Below `gdn_fold_narrow_below` rows (33 by default) a fold program owns one 8-column sub-tile
+    instead of 32 columns (four times the programs, a quarter of the chain each). Both layouts
+    stay exact: commits (V = 40: a partial last tile; K = 48: a padded key), decode flushes and a
+    radix-track snapshot, the other tests' small batches running narrow and this one also wide."""
     from replayssm_kernels import configs
-    from replayssm_kernels.configs import gdn_fold_block_v, gdn_replay_unroll, override
-    from replayssm_kernels.gdn import decode, fold, verify
+    from replayssm_kernels.configs import gdn_fold_block_v, override
 
-    # Off by default (the module's own values: REPLAYSSM_CONFIG may set the thresholds, as the
-    # device step gdn_small does to run the whole file with both on).
-    assert configs._GDN_FOLD_NARROW_BELOW == 0 and configs._GDN_REPLAY_UNROLL_BELOW[0] == 0
-    asked = []
+    # The module's own value (REPLAYSSM_CONFIG may set the threshold for a device run).
+    assert configs._GDN_FOLD_NARROW_BELOW == 33
+    with override("gdn_fold_narrow_below", (33,)):
+        assert (gdn_fold_block_v(8, 128), gdn_fold_block_v(32, 40), gdn_fold_block_v(33, 128)) == (8, 8, 32)
+    for below in (33, 0):
+        with override("gdn_fold_narrow_below", (below,)):
+            assert gdn_fold_block_v(2, 40) == (8 if below else 32)
+            test_gdn_verify_commit(2, 1, 3, 48, 40, 5, 3, bf16, 8, device, assert_within_baseline)
+            test_gdn_decode(2, 1, 2, 32, 16, 4, bf16, 10, device, assert_within_baseline)
+            test_gdn_fold_snapshot_at_track_step(device)
 
-    def recorder(rows=None):
-        asked.append(rows)
-        return configs.gdn_replay_unroll(rows)
 
-    for mod in (decode, fold, verify):
-        monkeypatch.setattr(mod, "gdn_replay_unroll", recorder)
-    with override("gdn_fold_narrow_below", (64,)), override("gdn_replay_unroll_below", (64, 0)):
-        assert (gdn_fold_block_v(8, 128), gdn_fold_block_v(63, 40), gdn_fold_block_v(64, 128)) == (8, 8, 32)
-        assert (gdn_replay_unroll(8), gdn_replay_unroll(64), gdn_replay_unroll()) == (0, 1, 1)
-        test_gdn_verify_commit(2, 1, 2, 32, 40, 8, 4, bf16, 8, device, assert_within_baseline)
-        test_gdn_decode(2, 1, 2, 32, 16, 4, bf16, 10, device, assert_within_baseline)
-        test_gdn_fold_snapshot_at_track_step(device)
-    assert asked and None not in asked
+def test_gdn_commit_one_launch(device, assert_within_baseline):
+    """Below `gdn_commit_fused_below` rows the spec commit is one launch: the fold's programs read
+    the old cursors and the row's last program (ticket counter) moves them. Through the harness
+    (commits with a different accept count per row, early flushes, state torch.equal to SGLang's
+    kernel) and on all layers at once, where it must leave the same checkpoints and cursors as
+    commit_prepare + fold, padding rows untouched and every ticket counter back at 0."""
+    from replayssm_kernels import configs
+    from replayssm_kernels.configs import override
+    from replayssm_kernels.gdn import alloc_gdn_rings, gdn_commit
+
+    assert configs._GDN_COMMIT_FUSED_BELOW == 2  # batch 1 only (docs/perf.md run 12)
+    with override("gdn_commit_fused_below", (64,)):
+        test_gdn_verify_commit(2, 1, 3, 48, 40, 5, 3, bf16, 8, device, assert_within_baseline)
+        test_gdn_verify_commit(3, 2, 4, 32, 16, 4, 3, bf16, 10, device, assert_within_baseline)
+
+    gen = torch.Generator().manual_seed(31)
+    Lm, S, H, HV, K, V, L, T = 3, 7, 1, 2, 32, 40, 6, 3
+    rings = alloc_gdn_rings(Lm, S, H, HV, K, V, L, bf16, device)
+    for t in rings.tensors():
+        t.copy_((torch.randn(t.shape, generator=gen) * 0.5).to(t.dtype))
+    rings.beta.copy_(torch.rand(rings.beta.shape, generator=gen))
+    rings.g.copy_(-torch.rand(rings.g.shape, generator=gen))
+    state = torch.randn(Lm, S, HV, V, K, generator=gen).to(device)
+    slots = torch.tensor([5, -1, 1, 3, 2], dtype=torch.int32, device=device)
+    wpos0 = torch.tensor([0, 1, 2, 3, 0, 2, 1], dtype=torch.int32, device=device)
+    org0 = torch.tensor([0, 4, 5, 1, 0, 3, 2], dtype=torch.int32, device=device)
+    acc = torch.tensor([3, 2, 1, 3, 2], dtype=torch.int32, device=device)
+    results = []
+    for fused in (64, 0):
+        st, wp, org = state.clone(), wpos0.clone(), org0.clone()
+        tickets = torch.zeros(S, dtype=torch.int32, device=device)
+        with override("gdn_commit_fused_below", (fused,)):
+            gdn_commit(st, rings, slots, wp, org, acc, L, T, tickets)
+        assert not tickets.any()
+        results.append((st, wp, org))
+    (st1, wp1, org1), (st2, wp2, org2) = results
+    assert torch.equal(wp1, wp2) and torch.equal(org1, org2) and torch.equal(st1, st2)
+    # slots 5, 3, 2 reach 5, 6, 4 entries (> L - T = 3): folded, origin moved on by as many; slot 1
+    # reaches 2: pending; slots 0, 4, 6 are in no row (slot -1 is padding)
+    assert wp1.tolist() == [0, 2, 0, 0, 0, 0, 1] and org1.tolist() == [0, 4, 3, 1, 0, 2, 2]
+    for s_ in (5, 3, 2):
+        assert not torch.equal(st1[:, s_], state[:, s_])
+    assert torch.equal(st1[:, [0, 1, 4, 6]], state[:, [0, 1, 4, 6]])
 
 
 def test_gdn_partial_fold_rotates_origin(device):
@@ -490,12 +525,11 @@ def test_gdn_fold_from_cursors_equals_the_pending_plan(device):
     assert wpos[[5, 0, 2]].tolist() == [4, 0, 3] and origin[[5, 0, 2]].tolist() == [1, 2, 3]
 
 
-@pytest.mark.parametrize("unroll", [4, 3, 0])
+@pytest.mark.parametrize("unroll", [4, 3])
 def test_gdn_replay_unroll_depths_are_exact(unroll, device, assert_within_baseline):
     """Other straight-line depths of the GDN exact replay (`configs.gdn_replay_unroll`, timed by the
     kernel sweep): decode flushes, commit folds and the radix-track snapshot inside an unrolled chunk
-    stay bit-exact, through the chunked main loop and the one-entry remainder loop; 0 (the loop
-    with each entry's loads issued two entries ahead) likewise, the loads past the last entry masked off."""
+    stay bit-exact, through the chunked main loop and the one-entry remainder loop."""
     from replayssm_kernels.configs import gdn_replay_unroll, override
 
     with override("gdn_replay_unroll", (unroll,)):

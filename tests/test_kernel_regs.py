@@ -15,16 +15,12 @@ def _table(flag):
 
 def test_replay_loop_screen():
     t = _table("--replay-loop")
-    ahead = "shuffle, loads 2 entries ahead"
-    assert set(t) == {"plain", "tree", "shuffle", ahead}
+    assert set(t) == {"plain", "tree", "shuffle"}
     n = {k: int(v["SASS instructions"]) for k, v in t.items()}
     shfl = {k: int(v["SHFL"]) for k, v in t.items()}
     assert shfl["plain"] == 45  # 5 butterfly steps for each of 8 columns, 5 for the key's norm
     assert shfl["shuffle"] < shfl["plain"] / 2 and n["shuffle"] < n["plain"]
-    # The prefetch changes where the loads go, not the arithmetic: the same shuffles, the same
-    # four loads per entry (k, v, g, beta), a few register moves more.
-    assert shfl[ahead] == shfl["shuffle"] and int(t[ahead]["LDG"]) == int(t["shuffle"]["LDG"]) == 4
-    assert n["shuffle"] < n[ahead] < n["plain"]
+    assert int(t["shuffle"]["LDG"]) == 4  # k, v, g, beta per entry
     assert int(t["tree"]["BAR"]) > 0 and int(t["plain"]["BAR"]) == int(t["shuffle"]["BAR"]) == 0
 
 

@@ -66,7 +66,7 @@ assert _GDN_FP32["g"] and _GDN_FP32["beta"] and not _GDN_FP32["rawv"] and not _G
 GDN_RINGS = 3 * sum(n * (4 if _GDN_FP32[name] else 2) for name, n in _GDN_ELEMS.items())
 M2_STATE = 2 * (8 * 64 * 128 * 4 + (8 * 64 + 2 * 2 * 128) * 3 * 2)  # 536,576
 M2_RINGS = 2 * (8 * L * 64 * 2 + 2 * L * 128 * 2 + 8 * L * 2)  # x, B, dt in bf16: 49,664
-CURSORS = 8
+CURSORS = 12  # wpos, origin, tickets
 
 
 @pytest.fixture(scope="module")
@@ -237,7 +237,7 @@ def test_pool_allocates_what_the_solver_charges(models, published, name, draft):
     assert ring_total == S * ring_bytes_per_slot(ctx.family, params, L, bf16, len(params.layers))
     state = sum(t.numel() * t.element_size() for t in [pool.mamba_cache.temporal, *pool.mamba_cache.conv])
     assert state == S * sizes["state"]
-    cursors = (pool.replayssm_wpos.numel() + pool.replayssm_origin.numel()) * 4
+    cursors = (pool.replayssm_wpos.numel() + pool.replayssm_origin.numel() + pool.replayssm_tickets.numel()) * 4
     assert cursors == S * sizes["cursors"]
     if draft is not None:
         assert pool.mamba_cache.intermediate_ssm is None

@@ -1,9 +1,10 @@
 """Speculative commit under `--mamba-backend replayssm` (AROUND hooks, installed only then).
 
 After verify, SGLang calls `commit_mamba_states_after_verify` with the accepted count per request
-(bonus token included). ReplaySSM commits by moving cursors (`commit_prepare`) and, for the rows
-whose next window would not fit (or whose radix track boundary was crossed), folding the
-committed entries into the checkpoint with the exact fold, all layers in one launch. The state at
+(bonus token included). ReplaySSM commits by moving cursors and, for the rows whose next window
+would not fit (or whose radix track boundary was crossed), folding the committed entries into the
+checkpoint with the exact fold, all layers in one launch (GDN without a track, below
+`gdn_commit_fused_below` rows: the cursor move inside that launch, `pool.replayssm_commit`). The state at
 the track boundary is stored into the request's track slot by that same fold. The conv state
 keeps SGLang's rollback (per-draft conv windows).
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from replayssm_kernels import commit_prepare, commit_prepare_tracked
+from replayssm_kernels import commit_prepare_tracked
 
 
 def _replayssm_pool(target_worker):
@@ -39,23 +40,20 @@ def commit_after_verify(original, target_worker, batch, accept_lens, accept_inde
     # one (adaptive speculation switches between step configurations; the pool was sized for
     # the largest, --max-speculative-num-draft-tokens).
     t_max = max(int(draft_token_num), int(pool.replayssm_max_draft_tokens or 0))
-    # One launch for the cursor moves (and, with radix tracking, the track snapshot plan: the
-    # state after window step s is the one the radix cache keeps, so fold at least through it
-    # and store it into the track slot on the way); then one fold launch for all layers. Host
-    # work per verify step is what this path costs at small batches.
     if steps_to_track is not None:
+        # One launch for the cursor moves and the radix track snapshot plan (the state after window
+        # step s is the one the radix cache keeps, so fold at least through it and store it into
+        # the track slot on the way), then one fold launch for all layers.
         n_fold, origin, snap_at, snap_slot = commit_prepare_tracked(
             slots, pool.replayssm_wpos, pool.replayssm_origin, accept_lens.contiguous(), pool.replayssm_ring_len,
             t_max, steps_to_track.contiguous(), batch.mamba_track_indices.contiguous(),
         )
+        pool.replayssm_fold_fn(pool.mamba_cache.temporal, pool.replayssm_rings, slots, n_fold, origin,
+                               snap_at=snap_at, snap_slot=snap_slot)
     else:
-        snap_at = snap_slot = None
-        n_fold, origin = commit_prepare(
-            slots, pool.replayssm_wpos, pool.replayssm_origin, accept_lens.contiguous(), pool.replayssm_ring_len,
-            t_max,
-        )
-    pool.replayssm_fold_fn(pool.mamba_cache.temporal, pool.replayssm_rings, slots, n_fold, origin,
-                           snap_at=snap_at, snap_slot=snap_slot)
+        # Cursor moves and fold; GDN at small batches in one launch (host work per verify step is
+        # what this path costs there).
+        pool.replayssm_commit(slots, accept_lens.contiguous(), t_max)
     cache = pool.mamba_cache
     for conv, windows in zip(cache.conv, cache.intermediate_conv_window):
         fused_conv_window_scatter_with_mask(conv, windows, slots, last_step)

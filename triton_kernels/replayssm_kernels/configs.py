@@ -22,7 +22,7 @@ _OVERRIDE_ARITY = {"gdn_decode": (7,), "gdn_verify": (3, 4), "gdn_fold_cols": (1
                    "mamba2_replay_unroll": (1,), "gdn_replay_unroll": (1,), "mamba2_ring_bc_min_batch": (1,),
                    "gdn_k_tree": (1,), "gdn_state_kc": (1, 2), "gdn_history_rt": (1, 2), "gdn_prep": (2,),
                    "gdn_state_dot": (1, 2), "gdn_fold_narrow_below": (1,),
-                   "gdn_replay_unroll_below": (2,)}
+                   "gdn_commit_fused_below": (1,)}
 
 
 def parse_plan(name: str, text: str) -> tuple[int, ...] | None:
@@ -59,10 +59,9 @@ def describe() -> str:
         f"gdn_fold_cols={gdn_fold_cols()}",
         f"gdn_fold_narrow_below={gdn_fold_narrow_below()} (GDN fold: "
         "below this many rows one gdn_fold_cols sub-tile per program instead of 32 columns; 0 = never)",
-        f"gdn_replay_unroll={gdn_replay_unroll()} (ring entries per straight-line chunk of the exact replay; "
-        "0 = one at a time, its loads issued two entries ahead)",
-        "gdn_replay_unroll_below={}x{} (below this many rows that depth instead; 0 rows = never)".format(
-            *gdn_replay_unroll_below()),
+        f"gdn_commit_fused_below={gdn_commit_fused_below()} (GDN spec commit: below this many rows the cursor "
+        "move runs inside the fold launch, one launch instead of two; 0 = never)",
+        f"gdn_replay_unroll={gdn_replay_unroll()} (ring entries per straight-line chunk of the exact replay)",
         f"gdn_state_kc={gdn_state_kc(128, False)}x{gdn_state_kc(128, True)} (K chunk of the GDN output-only "
         "state tile, verify x decode; 0 = the whole K across a warp's lanes)",
         f"gdn_history_rt={int(gdn_history_rt(False))}x{int(gdn_history_rt(True))} (committed ring entries read "
@@ -293,28 +292,19 @@ def mamba2_ring_bc(rows: int) -> bool:
 
 # The same for the GDN exact replay (decode flush, commit fold): 1 (one entry per loop iteration)
 # is what every run so far measured; `bench_kernels.py --sweep` also times GDN_UNROLL_SWEEP.
-# 0 = one entry per iteration with its ring loads issued two entries ahead (gdn/common.py
-# gdn_replay), prepared in session 19 for small batches, where a commit fold of 12-15 entries
-# costs ~0.9 us (batch 1) to ~1.6 us (batch 8) per entry at HV=32 (docs/perf.md run 11); not
-# yet timed.
+# (Session 19's variant with each entry's ring loads issued two entries ahead was removed after
+# session 20 on the H200: no faster at batches 1 and 8, and at K = 48 the prefetched key took
+# another register layout, so its L2 norm summed in another order and the commit lost bit
+# identity; docs/perf.md run 12.)
 _GDN_REPLAY_UNROLL = 1
-GDN_UNROLL_SWEEP = (4, 0)
-# (rows, unroll): launches over fewer rows than `rows` replay with `unroll` instead (0 rows = never),
-# for a depth that only pays where the fold is latency-bound; `gdn_replay_unroll_below=ROWSxU`.
-_GDN_REPLAY_UNROLL_BELOW = (0, 0)
+GDN_UNROLL_SWEEP = (4,)
 
 
-def gdn_replay_unroll_below() -> tuple[int, int]:
-    return _OVERRIDES.get("gdn_replay_unroll_below", _GDN_REPLAY_UNROLL_BELOW)
-
-
-def gdn_replay_unroll(rows: int | None = None) -> int:
-    """Replay depth of the GDN exact replay for a launch over `rows` rows (None: the depth for
-    large batches). `gdn_replay_unroll=N` sets it for every launch."""
+def gdn_replay_unroll() -> int:
+    """Replay depth of the GDN exact replay; `gdn_replay_unroll=N` sets it for every launch."""
     if "gdn_replay_unroll" in _OVERRIDES:
         return _OVERRIDES["gdn_replay_unroll"][0]
-    below, unroll = gdn_replay_unroll_below()
-    return unroll if rows is not None and rows < below else _GDN_REPLAY_UNROLL
+    return _GDN_REPLAY_UNROLL
 
 
 # The form of the GDN exact replay (gdn/common.py) on the GPU. 2 = the shuffle form (the tree
@@ -365,9 +355,27 @@ def gdn_fold_cols() -> int:
 # instead of 32 (0 = never). A 32-column program replays its sub-tiles one after another, so at
 # small batches (128 programs at batch 1, HV=32) the fold is a chain of 4 x n entry steps on a
 # mostly idle GPU (docs/perf.md run 11); one sub-tile per program makes the chain n steps on four
-# times the programs. The columns are independent, so the bits are the same. Prepared in session 19;
-# not yet timed, so it stays off.
-_GDN_FOLD_NARROW_BELOW = 0
+# times the programs. The columns are independent, so the bits are the same. H200, 2026-12-03
+# (docs/perf.md run 12): commit fold of 15 entries 23.6 -> 15.7 us at batch 1 and 34.1 -> 25.0 us
+# at batch 8 (fold phases, each option alone); the spec benchmark's verify + commit with it (and
+# the prefetch since removed) 83.8 -> 74.8 us at batch 32, 44.7 -> 34.6 at 8, 20.8 -> 18.7 at 1
+# (against run 10's defaults; stock 135.8 / 39.2 / 15.7 us). 33: every batch it covers was timed.
+_GDN_FOLD_NARROW_BELOW = 33
+
+
+# Rows below which the GDN speculative commit is one launch (gdn/fold.py gdn_commit: the cursor
+# move inside the fold, made by the row's last program through a ticket counter) instead of
+# commit_prepare + fold (0 = never). At small batches each launch costs a few microseconds of
+# latency on an idle GPU, and run 10's spec gap below batch 32 is a handful of them; at large
+# batches every fold program's ticket is one more same-address atomic per row. H200, 2026-12-03
+# (docs/perf.md run 12, spec verify + commit, T = 4): one launch is faster only at batch 1 (18.55
+# -> 17.98 us at HV=32, 22.2 -> 21.9 at HV=64) and slower from batch 8 (34.0 -> 34.8 us at 8,
+# 71.7 -> 79.5 at 32, HV=32); batches 2-7 were not timed. So batch 1 only.
+_GDN_COMMIT_FUSED_BELOW = 2
+
+
+def gdn_commit_fused_below() -> int:
+    return _OVERRIDES.get("gdn_commit_fused_below", (_GDN_COMMIT_FUSED_BELOW,))[0]
 
 
 def gdn_fold_narrow_below() -> int:

@@ -123,8 +123,7 @@ def _commit_prepare_kernel(
     b_org = tl.load(origin + b_slot, mask=m_valid, other=0)
     b_acc = tl.load(num_accepted + o_r, mask=m_valid, other=0).to(tl.int32)
     b_n = b_wp + b_acc
-    # Early flush: fold everything committed when the next window might not fit.
-    b_nfold = tl.where(b_n + T_MAX > RL, b_n, 0)
+    b_nfold = early_flush(b_n, RL, T_MAX)
     if HAS_FOLD_WINDOW:
         # Caller-requested fold through the first `fold_window` entries of this window
         # (e.g. the radix track boundary): at least wp + fold_window entries.
@@ -145,6 +144,37 @@ def _commit_prepare_kernel(
     tl.store(row_origin + o_r, b_org, mask=m_r)
     tl.store(wpos + b_slot, b_n - b_nfold, mask=m_valid)
     tl.store(origin + b_slot, (b_org + b_nfold) % RL, mask=m_valid)
+
+
+@triton.jit
+def early_flush(b_n, RL: tl.constexpr, T_MAX: tl.constexpr):
+    """Entries to fold of a row with `b_n` committed entries: all of them when the next window
+    (up to T_MAX entries) might not fit into the ring, else none."""
+    return tl.where(b_n + T_MAX > RL, b_n, 0)
+
+
+@triton.jit
+def commit_in_fold(wpos, origin, num_accepted, tickets, i_n, slot, n_programs, RL: tl.constexpr,
+                   T_MAX: tl.constexpr):
+    """`commit_prepare`'s cursor move (no fold window, no radix track) inside the fold launch:
+    `(entries to fold, origin)` of row `i_n` / slot `slot`, from the cursors before the commit.
+
+    Each of the row's `n_programs` programs reads the old cursors and then takes a ticket from
+    `tickets[slot]` (an atomic add, acquire-release, after a barrier so that every thread's read
+    is done); the program that draws the last ticket has seen every other program's reads happen
+    before, so it alone stores the moved cursors and puts the counter back to 0 for the next
+    launch."""
+    b_wp = tl.load(wpos + slot)
+    b_org = tl.load(origin + slot)
+    b_n = b_wp + tl.load(num_accepted + i_n).to(tl.int32)
+    b_nfold = early_flush(b_n, RL, T_MAX)
+    tl.debug_barrier()
+    ticket = tl.atomic_add(tickets + slot, 1, sem="acq_rel")
+    if ticket == n_programs - 1:
+        tl.store(wpos + slot, b_n - b_nfold)
+        tl.store(origin + slot, (b_org + b_nfold) % RL)
+        tl.store(tickets + slot, 0)
+    return b_nfold, b_org
 
 
 def _launch_commit(slot_idx, wpos, origin, num_accepted, ring_len, max_draft_tokens, row_nfold, row_origin,

@@ -1,7 +1,7 @@
 """Gated DeltaNet ReplaySSM kernels (decode, speculative verify, exact fold)."""
 
 from .decode import gdn_replay_decode
-from .fold import gdn_replay_fold
+from .fold import gdn_commit, gdn_replay_fold
 from .reference import gdn_gate_ref, gdn_recurrent_ref
 from .rings import GDNRings, alloc_gdn_rings, gdn_ring_bytes_per_slot, gdn_ring_shapes
 from .verify import gdn_replay_verify
@@ -11,6 +11,7 @@ __all__ = [
     "alloc_gdn_rings",
     "gdn_recurrent_ref",
     "gdn_gate_ref",
+    "gdn_commit",
     "gdn_replay_decode",
     "gdn_replay_fold",
     "gdn_replay_verify",

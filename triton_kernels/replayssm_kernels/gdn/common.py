@@ -219,18 +219,18 @@ def gdn_shfl_step(b_h, b_kn, b_v, b_g, b_beta):
 
 
 @triton.jit
-def _gdn_replay_load(p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, phys, ok, K: tl.constexpr, V: tl.constexpr,
+def _gdn_replay_load(p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, phys, K: tl.constexpr, V: tl.constexpr,
                      TREE: tl.constexpr):
-    """The ring inputs of the entry at physical index `phys` (zeros where `ok` is false):
-    `(k, v, g, beta)`, `k` raw (plain form) or normalised fp32 (the tree and shuffle forms)."""
-    b_rv = tl.load(p_rv + phys * V + o_v, mask=mask_v & ok, other=0).to(tl.float32)
-    b_rg = tl.load(p_rg + phys, mask=ok, other=0)
-    b_rb = tl.load(p_rb + phys, mask=ok, other=0)
+    """The ring inputs of the entry at physical index `phys`: `(k, v, g, beta)`, `k` raw (plain
+    form) or normalised fp32 (the tree and shuffle forms)."""
+    b_rv = tl.load(p_rv + phys * V + o_v, mask=mask_v, other=0).to(tl.float32)
+    b_rg = tl.load(p_rg + phys)
+    b_rb = tl.load(p_rb + phys)
     if TREE:
         # The fp32 `k` ring: every writer normalised it with gdn_l2norm_rows(TREE), i.e. exactly.
-        b_rk = tl.load(p_rk + phys * K + o_k, mask=ok, other=0)
+        b_rk = tl.load(p_rk + phys * K + o_k)
     else:
-        b_rk = tl.load(p_rk + phys * K + o_k, mask=mask_k & ok, other=0).to(tl.float32)
+        b_rk = tl.load(p_rk + phys * K + o_k, mask=mask_k, other=0).to(tl.float32)
     return b_rk, b_rv, b_rg, b_rb
 
 
@@ -249,7 +249,7 @@ def _gdn_replay_apply(b_h, b_rk, b_rv, b_rg, b_rb, TREE: tl.constexpr):
 @triton.jit
 def _gdn_replay_entry(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, phys, K: tl.constexpr, V: tl.constexpr,
                       TREE: tl.constexpr):
-    b_rk, b_rv, b_rg, b_rb = _gdn_replay_load(p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, phys, True, K, V, TREE)
+    b_rk, b_rv, b_rg, b_rb = _gdn_replay_load(p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, phys, K, V, TREE)
     return _gdn_replay_apply(b_h, b_rk, b_rv, b_rg, b_rb, TREE)
 
 
@@ -264,45 +264,24 @@ def gdn_replay(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org, n, p_
     `p_rk` / `p_rv` point at this key / value head's raw-k (tree form: normalised fp32 `k`) / raw-v
     ring row 0 (no column offsets),
     `p_rg` / `p_rb` at its g / beta ring. Whole chunks of `UNROLL` entries are straight-line code
-    (their loads need not wait on the state chain); the remainder runs one entry at a time.
-    `UNROLL == 0`: one entry at a time, its loads issued two entries ahead (prefetch). With
+    (their loads need not wait on the state chain); the remainder runs one entry at a time. With
     HAS_SNAP the tile after entry `snap_at - 1` is also stored at `p_snap` (radix track).
     """
-    if UNROLL == 0:
-        # One entry per iteration, each entry's ring loads issued two iterations before its
-        # arithmetic: at small batches a fold is a chain of dependent entries whose time is mostly
-        # load latency (docs/perf.md run 11), and ptxas places a next-entry load late in the loop
-        # body (offline SASS, session 19), so one entry ahead hides little. Same arithmetic, same
-        # bits; the loads past entry n - 1 are masked off.
-        a_rk, a_rv, a_rg, a_rb = _gdn_replay_load(p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org % RL,
-                                                  n > 0, K, V, TREE)
-        b_rk, b_rv, b_rg, b_rb = _gdn_replay_load(p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v,
-                                                  (org + 1) % RL, n > 1, K, V, TREE)
-        for j in range(n):
-            c_rk, c_rv, c_rg, c_rb = a_rk, a_rv, a_rg, a_rb
-            a_rk, a_rv, a_rg, a_rb = b_rk, b_rv, b_rg, b_rb
-            b_rk, b_rv, b_rg, b_rb = _gdn_replay_load(p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v,
-                                                      (org + j + 2) % RL, j + 2 < n, K, V, TREE)
-            b_h = _gdn_replay_apply(b_h, c_rk, c_rv, c_rg, c_rb, TREE)
+    n_main = (n // UNROLL) * UNROLL
+    for j0 in range(0, n_main, UNROLL):
+        for u in tl.static_range(UNROLL):
+            b_h = _gdn_replay_entry(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, (org + j0 + u) % RL,
+                                    K, V, TREE)
+            if HAS_SNAP:
+                if j0 + u + 1 == snap_at:
+                    tl.store(p_snap, b_h.to(p_snap.dtype.element_ty), mask=mask_h)
+    if UNROLL > 1:
+        for j in range(n_main, n):
+            b_h = _gdn_replay_entry(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, (org + j) % RL,
+                                    K, V, TREE)
             if HAS_SNAP:
                 if j + 1 == snap_at:
                     tl.store(p_snap, b_h.to(p_snap.dtype.element_ty), mask=mask_h)
-    else:
-        n_main = (n // UNROLL) * UNROLL
-        for j0 in range(0, n_main, UNROLL):
-            for u in tl.static_range(UNROLL):
-                b_h = _gdn_replay_entry(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, (org + j0 + u) % RL,
-                                        K, V, TREE)
-                if HAS_SNAP:
-                    if j0 + u + 1 == snap_at:
-                        tl.store(p_snap, b_h.to(p_snap.dtype.element_ty), mask=mask_h)
-        if UNROLL > 1:
-            for j in range(n_main, n):
-                b_h = _gdn_replay_entry(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, (org + j) % RL,
-                                        K, V, TREE)
-                if HAS_SNAP:
-                    if j + 1 == snap_at:
-                        tl.store(p_snap, b_h.to(p_snap.dtype.element_ty), mask=mask_h)
     return b_h
 
 

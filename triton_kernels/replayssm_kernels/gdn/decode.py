@@ -261,7 +261,7 @@ def gdn_replay_decode(
             RLB = max(RLB, 16)
         _gdn_decode_kernel[(triton.cdiv(V, BV) * B * HV,)](
             *args, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BVF=BVF, RL=RL, RLB=RLB, USE_DOT=use_dot,
-            EVICT=cfg.evict_first, PHASE=phase, UNROLL=gdn_replay_unroll(B), TREE=gdn_k_tree(K),
+            EVICT=cfg.evict_first, PHASE=phase, UNROLL=gdn_replay_unroll(), TREE=gdn_k_tree(K),
             num_warps=num_warps, num_stages=cfg.num_stages,
         )
 

@@ -9,6 +9,10 @@ instead, and the keys come normalised from the fp32 `k` ring (gdn/common.py).
 
 Grid: `(cdiv(V, BV) * B * HV, Lm)`; rows with `n_fold == 0` exit at once unless a separate
 destination is given (then the checkpoint is copied there unchanged).
+
+`gdn_commit` is the speculative commit: `commit_prepare`'s cursor move and this fold, in one
+launch below `configs.gdn_commit_fused_below()` rows (the cursors moved by the row's last program,
+`cursors.commit_in_fold`), else the two launches.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import gdn_fold_block_v, gdn_fold_cols, gdn_k_tree, gdn_replay_unroll
-from ..cursors import load_fold_plan
+from ..configs import gdn_commit_fused_below, gdn_fold_block_v, gdn_fold_cols, gdn_k_tree, gdn_replay_unroll
+from ..cursors import commit_in_fold, commit_prepare, load_fold_plan
 from .common import gdn_k_offsets, gdn_replay, gdn_state_offsets, gdn_tile_ids
 from .rings import GDNRings, check_gdn_rings
 
@@ -28,13 +32,14 @@ from .rings import GDNRings, check_gdn_rings
 @triton.jit
 def _gdn_fold_kernel(
     state, dst, ring_rawv, ring_rawk, ring_g, ring_beta,
-    slot_idx, dst_idx, row_nfold, row_origin, snap_at, snap_slot,
+    slot_idx, dst_idx, row_nfold, row_origin, snap_at, snap_slot, num_accepted, tickets,
     stride_state_layer, stride_state_slot, stride_dst_layer, stride_dst_slot,
     stride_rawv_layer, stride_rawv_slot, stride_rawk_layer, stride_rawk_slot,
     stride_g_layer, stride_g_slot, stride_beta_layer, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, RL: tl.constexpr, HAS_DST: tl.constexpr,
     HAS_SNAP: tl.constexpr, FROM_CURSORS: tl.constexpr, UNROLL: tl.constexpr = 1, TREE: tl.constexpr = False,
+    COMMIT: tl.constexpr = False, T_MAX: tl.constexpr = 0,
 ):
     i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
     i_l = tl.program_id(1)
@@ -43,7 +48,12 @@ def _gdn_fold_kernel(
     slot = tl.load(slot_idx + i_n).to(tl.int64)
     if slot < 0:
         return
-    n_fold, org = load_fold_plan(row_nfold, row_origin, i_n, slot, FROM_CURSORS)
+    if COMMIT:
+        # row_nfold / row_origin are the [S] cursors (wpos, origin), moved here by the row's last program.
+        n_fold, org = commit_in_fold(row_nfold, row_origin, num_accepted, tickets, i_n, slot,
+                                     ((V + BV - 1) // BV) * HV * tl.num_programs(1), RL, T_MAX)
+    else:
+        n_fold, org = load_fold_plan(row_nfold, row_origin, i_n, slot, FROM_CURSORS)
     if not HAS_DST:
         if n_fold <= 0:
             return
@@ -92,6 +102,7 @@ def gdn_replay_fold(
     snap_at: Optional[torch.Tensor] = None,
     snap_slot: Optional[torch.Tensor] = None,
     cursors: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+    commit: Optional[tuple[torch.Tensor, torch.Tensor, int]] = None,
 ) -> None:
     """Fold the first `row_nfold[i]` pending entries of each row into its checkpoint.
 
@@ -110,6 +121,10 @@ def gdn_replay_fold(
         cursors ((wpos, origin), optional): instead of `row_nfold` / `row_origin` (pass None),
             fold every pending entry of each slot as the `[S]` int32 cursors say (what
             `pending_fold_plan` would compute, without its launches); cursors are not changed.
+        commit ((num_accepted, tickets, max_draft_tokens), optional): with `cursors`, first commit
+            `num_accepted[i]` entries per row as `commit_prepare` would (no fold window), in this
+            launch, and fold what its early-flush rule says; `tickets` is an `[S]` int32 counter
+            that starts at 0 and is left at 0. Not combined with `dst` or `snap_at`.
     """
     if state.dim() == 4:
         state = state.unsqueeze(0)
@@ -129,6 +144,8 @@ def gdn_replay_fold(
     if has_dst:
         if dst_idx is None or dst.shape[0] != Lm or dst.shape[2:] != state.shape[2:] or dst[0, 0].stride() != (V * K, K, 1):
             raise ValueError("dst must be [Lm, S', HV, V, K] with contiguous inner dims, and dst_idx given")
+    if commit is not None and (cursors is None or has_dst or has_snap):
+        raise ValueError("commit needs cursors and cannot be combined with dst or snap_at")
     B = slot_idx.shape[0]
     if B == 0 or Lm == 0:
         return
@@ -141,14 +158,37 @@ def gdn_replay_fold(
     grid = (triton.cdiv(V, BV) * B * HV, Lm)
     tree = gdn_k_tree(K)
     ring_key = rings.replay_keys(tree)
+    num_accepted, tickets, t_max = commit if commit is not None else (slot_idx, slot_idx, 0)
     _gdn_fold_kernel[grid](
         state, out, rings.rawv, ring_key, rings.g, rings.beta,
         slot_idx, dst_idx if has_dst else slot_idx, row_nfold, row_origin,
-        snap_at if has_snap else row_nfold, snap_slot if has_snap else slot_idx,
+        snap_at if has_snap else row_nfold, snap_slot if has_snap else slot_idx, num_accepted, tickets,
         state.stride(0), state.stride(1), out.stride(0), out.stride(1),
         rings.rawv.stride(0), rings.rawv.stride(1), ring_key.stride(0), ring_key.stride(1),
         rings.g.stride(0), rings.g.stride(1), rings.beta.stride(0), rings.beta.stride(1),
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BVF=min(BV, gdn_fold_cols()), RL=rings.ring_len, HAS_DST=has_dst,
-        HAS_SNAP=has_snap, FROM_CURSORS=from_cursors, UNROLL=gdn_replay_unroll(B), TREE=tree,
-        num_warps=1, num_stages=3,
+        HAS_SNAP=has_snap, FROM_CURSORS=from_cursors, UNROLL=gdn_replay_unroll(), TREE=tree,
+        COMMIT=commit is not None, T_MAX=t_max, num_warps=1, num_stages=3,
     )
+
+
+def gdn_commit(state: torch.Tensor, rings: GDNRings, slot_idx: torch.Tensor, wpos: torch.Tensor,
+               origin: torch.Tensor, num_accepted: torch.Tensor, ring_len: int, max_draft_tokens: int,
+               tickets: torch.Tensor) -> None:
+    """Speculative commit of all layers: move the cursors by `num_accepted` (as `commit_prepare`,
+    no fold window) and fold what the early-flush rule says, in one launch below
+    `gdn_commit_fused_below()` rows, else `commit_prepare` and `gdn_replay_fold`.
+
+    `wpos`, `origin`, `tickets`: `[S]` int32, `tickets` all 0 (and left so); `num_accepted` `[B]`.
+    """
+    if ring_len < max_draft_tokens or ring_len != rings.ring_len:
+        raise ValueError(f"ring_len={ring_len} must be the rings' ({rings.ring_len}) and at least "
+                         f"max_draft_tokens={max_draft_tokens}")
+    if slot_idx.shape[0] < gdn_commit_fused_below():
+        if tickets.dtype != torch.int32 or tickets.shape != wpos.shape:
+            raise ValueError(f"tickets must be int32 {tuple(wpos.shape)}")
+        gdn_replay_fold(state, rings, slot_idx, None, None, cursors=(wpos, origin),
+                        commit=(num_accepted, tickets, max_draft_tokens))
+        return
+    row_nfold, row_origin = commit_prepare(slot_idx, wpos, origin, num_accepted, ring_len, max_draft_tokens)
+    gdn_replay_fold(state, rings, slot_idx, row_nfold, row_origin)

@@ -342,7 +342,7 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
         1.0, 20.0, a.stride(0), b.stride(0),
         ring_fk.stride(0), rings.g.stride(0), rings.beta.stride(0),
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT, RL=RL, RLB=RLB, NS=NS, EVICT=True, ROWS=row_wp is not None,
-        FLUSH=flush_cols > 0, BVF=min(max(flush_cols, 1), BV), UNROLL=gdn_replay_unroll(B), TREE=tree,
+        FLUSH=flush_cols > 0, BVF=min(max(flush_cols, 1), BV), UNROLL=gdn_replay_unroll(), TREE=tree,
         KC=0 if dot else gdn_state_kc(K, decode=decode), RT=gdn_history_rt(decode=decode),
         DOT=dot, NP=max(16, 2 * BT), num_warps=num_warps, num_stages=num_stages,
     )
