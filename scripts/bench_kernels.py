@@ -337,7 +337,7 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
                     for i in range(sets):
                         gdn_replay_verify(qs[i], ks[i], vs[i], as_[i], bs_[i], A_log, dt_bias, state, rings,
                                           slots[i], wpos, origin, out=ov)
-                        gdn_commit(state[None], rings_all, slots[i], wpos, origin, accs[t], L, T, tickets)
+                        gdn_commit(state[None], rings_all, slots[i], wpos, origin, accs[t], T, tickets)
             cfgs = VERIFY_CONFIGS + (VERIFY_SWEEP if sweep else ())
             for cfg in cfgs:
                 with override("gdn_verify", cfg):

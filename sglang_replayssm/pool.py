@@ -395,7 +395,7 @@ class ReplaySSMMambaPool(MambaPool):
             from replayssm_kernels.gdn.fold import gdn_commit
 
             gdn_commit(temporal, rings, slots, self.replayssm_wpos, self.replayssm_origin, num_accepted,
-                       self.replayssm_ring_len, max_draft_tokens, self.replayssm_tickets)
+                       max_draft_tokens, self.replayssm_tickets)
             return
         n_fold, origin = commit_prepare(slots, self.replayssm_wpos, self.replayssm_origin, num_accepted,
                                         self.replayssm_ring_len, max_draft_tokens)

@@ -160,7 +160,7 @@ class GDNHarness(_RingHarness):
     def commit(self, num_accepted) -> None:
         """Accept `num_accepted[i]` (1..T') drafts of row i; folds when the next window needs room."""
         gdn_commit(self._state, self._rings, self.slot_idx, self.wpos, self.origin, self._accepted(num_accepted),
-                   self.ring_len, self.max_draft_tokens, self.tickets)
+                   self.max_draft_tokens, self.tickets)
 
     def state(self) -> torch.Tensor:
         """Committed state `[batch, HV, V, K]` fp32: checkpoint + pending entries, exactly folded."""

@@ -268,7 +268,7 @@ def test_gdn_commit_one_launch(device, assert_within_baseline):
         st, wp, org = state.clone(), wpos0.clone(), org0.clone()
         tickets = torch.zeros(S, dtype=torch.int32, device=device)
         with override("gdn_commit_fused_below", (fused,)):
-            gdn_commit(st, rings, slots, wp, org, acc, L, T, tickets)
+            gdn_commit(st, rings, slots, wp, org, acc, T, tickets)
         assert not tickets.any()
         results.append((st, wp, org))
     (st1, wp1, org1), (st2, wp2, org2) = results

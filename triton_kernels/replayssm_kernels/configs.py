@@ -370,7 +370,8 @@ _GDN_FOLD_NARROW_BELOW = 33
 # batches every fold program's ticket is one more same-address atomic per row. H200, 2026-12-03
 # (docs/perf.md run 12, spec verify + commit, T = 4): one launch is faster only at batch 1 (18.55
 # -> 17.98 us at HV=32, 22.2 -> 21.9 at HV=64) and slower from batch 8 (34.0 -> 34.8 us at 8,
-# 71.7 -> 79.5 at 32, HV=32); batches 2-7 were not timed. So batch 1 only.
+# 71.7 -> 79.5 at 32, HV=32). Run 12 call 3, after this was set: faster or equal at batch 2, mixed
+# at 4 (HV=32 / 64); the threshold was left at batch 1.
 _GDN_COMMIT_FUSED_BELOW = 2
 
 

@@ -173,17 +173,18 @@ def gdn_replay_fold(
 
 
 def gdn_commit(state: torch.Tensor, rings: GDNRings, slot_idx: torch.Tensor, wpos: torch.Tensor,
-               origin: torch.Tensor, num_accepted: torch.Tensor, ring_len: int, max_draft_tokens: int,
+               origin: torch.Tensor, num_accepted: torch.Tensor, max_draft_tokens: int,
                tickets: torch.Tensor) -> None:
     """Speculative commit of all layers: move the cursors by `num_accepted` (as `commit_prepare`,
     no fold window) and fold what the early-flush rule says, in one launch below
     `gdn_commit_fused_below()` rows, else `commit_prepare` and `gdn_replay_fold`.
 
     `wpos`, `origin`, `tickets`: `[S]` int32, `tickets` all 0 (and left so); `num_accepted` `[B]`.
+    The ring length is the rings'.
     """
-    if ring_len < max_draft_tokens or ring_len != rings.ring_len:
-        raise ValueError(f"ring_len={ring_len} must be the rings' ({rings.ring_len}) and at least "
-                         f"max_draft_tokens={max_draft_tokens}")
+    ring_len = rings.ring_len
+    if ring_len < max_draft_tokens:
+        raise ValueError(f"ring_len={ring_len} is smaller than max_draft_tokens={max_draft_tokens}")
     if slot_idx.shape[0] < gdn_commit_fused_below():
         if tickets.dtype != torch.int32 or tickets.shape != wpos.shape:
             raise ValueError(f"tickets must be int32 {tuple(wpos.shape)}")
