@@ -292,7 +292,8 @@ step_decode_fixed() {
   # DECODE_MODELS (default "gdn nano9b") share the time left evenly; on a fresh machine give each
   # model its own call (session 15: the first stock server took 184 s to start and a half budget
   # left no time for ours). DECODE_CONC (default 1,128,256): e.g. 256 alone, so that both servers
-  # of one model fit one call.
+  # of one model fit one call. DECODE_ARGS: more bench_serving flags, word-split (e.g.
+  # "--output-len 1024", where the queued requests' prefill weighs less in the wall time).
   env_ready
   local models=(${DECODE_MODELS:-gdn nano9b}) m k=0 flags
   for m in "${models[@]}"; do
@@ -305,7 +306,7 @@ step_decode_fixed() {
       *) echo "DECODE_MODELS: gdn and/or nano9b, got $m" >&2; return 2 ;;
     esac
     k=$(( k + 1 ))
-    run "${BENCH[@]}" --model "$m" --study decode --only stock,ours --concurrency "${DECODE_CONC:-1,128,256}" \
+    run "${BENCH[@]}" --model "$m" --study decode --only stock,ours --concurrency "${DECODE_CONC:-1,128,256}" ${DECODE_ARGS:-} \
       --server-args="$flags" --out "/tmp/b_decode_$m" --pack "$OUT/decode_fixed_$m.tgz" \
       --time-budget $(( ($(left) - 30) / (${#models[@]} - k + 1) ))
   done

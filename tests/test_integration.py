@@ -541,6 +541,30 @@ def test_commit_early_flush_leaves_room_for_the_largest_window(commit_env):
     assert [(c[2], c[3]) for c in commit_env.calls] == [([1, 2], [1, 0])]
 
 
+def test_commit_chain_steps_equal_sglangs_tree_form(commit_env):
+    """Without a radix track the commit takes the conv rollback step as accept_lens - 1 (a linear
+    chain); it must be what SGLang's tree-general `_verify_commit_step_indices` gives for the same
+    accept_index, at every accept count and draft length."""
+    from sglang.srt.speculative.spec_utils import _verify_commit_step_indices
+
+    from sglang_replayssm.backends.commit import commit_after_verify
+
+    gen = torch.Generator().manual_seed(5)
+    for T in (2, 4, 6):
+        bs = 7
+        pool = build_pool("gdn", gdn_params(layers=(0,)), size=bs + 1, ring_len=4 * T, draft=T, topk=1)
+        mapping = torch.arange(1, bs + 1, dtype=torch.int32)
+        worker, batch = _worker_and_batch(pool, mapping, torch.arange(bs), torch.full((bs,), 9))
+        accept_lens = torch.randint(1, T + 1, (bs,), generator=gen, dtype=torch.int32)
+        accept_index = _chain_accept_index(accept_lens, T)
+        commit_env.calls.clear()
+        commit_after_verify(None, worker, batch, accept_lens, accept_index, T)
+        want, _ = _verify_commit_step_indices(batch=batch, accept_index=accept_index, accept_lens=accept_lens,
+                                              draft_token_num=T)
+        assert [c[3] for c in commit_env.calls] == [want.tolist()], (T, accept_lens.tolist())
+        assert [c[2] for c in commit_env.calls] == [mapping.tolist()]
+
+
 # ------------------------------------------------------------------------------ radix cache, no_buffer
 
 

@@ -33,9 +33,16 @@ def commit_after_verify(original, target_worker, batch, accept_lens, accept_inde
 
     req_pool = target_worker.model_runner.req_to_token_pool
     slots = req_pool.get_mamba_indices(batch.req_pool_indices).to(torch.int32).contiguous()  # no-op when int32
-    last_step, steps_to_track = _verify_commit_step_indices(
-        batch=batch, accept_index=accept_index, accept_lens=accept_lens, draft_token_num=draft_token_num,
-    )
+    if batch.mamba_track_indices is None:
+        # A linear draft chain (topk 1, refused otherwise at startup): row i accepted window steps
+        # 0 .. accept_lens[i] - 1. SGLang's tree-general form (two aranges, a 2-D gather, a
+        # subtraction) gives the same numbers at several small launches of host time per verify
+        # step, which is what a batch-1 spec step is bound by.
+        last_step, steps_to_track = accept_lens - 1, None
+    else:
+        last_step, steps_to_track = _verify_commit_step_indices(
+            batch=batch, accept_index=accept_index, accept_lens=accept_lens, draft_token_num=draft_token_num,
+        )
     # Early-flush margin: the next window must fit, and the next window may be longer than this
     # one (adaptive speculation switches between step configurations; the pool was sized for
     # the largest, --max-speculative-num-draft-tokens).
