@@ -822,3 +822,29 @@ def test_trace_gaps_tells_uniform_slowdown_from_one_pause(tmp_path):
                         str(tmp_path / "a.json.gz"), str(tmp_path / "pause.json.gz")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "in 1 gaps that changed by > 200 us: +2.0 ms" in r.stdout
+
+
+
+def test_diag_per_step_diff(tmp_path):
+    """scripts/diag/summarize.py --diff: microseconds per step per side, A - B first."""
+    def side(name, loop, commit, steps_s):
+        d = tmp_path / name
+        d.mkdir()
+        thread = dict(samples=loop, incl=[["scheduler.py:1:event_loop_overlap", loop], ["commit.py:2:commit", commit]],
+                      self=[["commit.py:2:commit", commit]])
+        (d / "1.json").write_text(json.dumps(dict(pid=1, threads={"MainThread": thread}, process=None)))
+        return f"{name}={d}"
+
+    a, b = side("ours", 9.5, 1.2, 0), side("stock", 8.0, 0.9, 0)
+    r = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "diag" / "summarize.py"),
+                        a, b, "--diff", "ours,stock", "--steps", "ours=1000,stock=500"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    incl = lines[lines.index(next(x for x in lines if x.startswith("== incl"))) + 1:]
+    # per step: loop 9500 vs 16000 us, commit 1200 vs 1800 us; sorted by ours - stock, largest first
+    assert incl[0].split() == ["-600", "1200", "1800", "commit.py:2:commit"]
+    assert incl[1].split() == ["-6500", "9500", "16000", "scheduler.py:1:event_loop_overlap"]
+    bad = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "diag" / "summarize.py"),
+                          a, b, "--diff", "ours,stock", "--steps", "ours=1000"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "no step count for stock" in bad.stderr
