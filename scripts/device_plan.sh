@@ -30,7 +30,7 @@
 #                  checkpoint for spec_fit2 in the background   [.whl2 .tiny]
 #   e2e_prefix     prefix-cache / scheduler parity cases (:radix :nobuffer :retract :mixed)  [.tiny]
 #   spec_c1        GDN spec at concurrency 1, 16 requests a case: ours then stock, then stock then
-#                  ours; --diag summaries
+#                  ours (SPEC_C1_ORDERS="a b"; one order per call on a fresh machine); --diag summaries
 #   spec_fit       max concurrency with NEXTN on and the radix cache off (scripts/fit_probe.py;
 #                  resumable: repeat the call if a side was left)                [.whl2 if 2nd call]
 #   spec_fit2      spec_fit without calibration launches: stock at N=960 (its session-11 launch), then
@@ -241,20 +241,37 @@ step_e2e_prefix() {
 
 step_spec_c1() {
   env_ready
-  # 16 requests per case (session 10's 4-request cases moved 0.65x -> 1.11x between runs), both orders.
-  local half=$(( ($(left) - 30) / 2 ))
-  run "${BENCH[@]}" --model gdn --study spec --only ours,stock --concurrency 1 --min-prompts 16 --diag /tmp/d1 \
-    --out /tmp/b1 --pack "$OUT/spec_c1_a.tgz" --time-budget "$half"
-  run "${BENCH[@]}" --model gdn --study spec --only stock,ours --concurrency 1 --min-prompts 16 --diag /tmp/d2 \
-    --out /tmp/b2 --pack "$OUT/spec_c1_b.tgz" --time-budget $(( $(left) - 30 ))
-  local d
-  for d in /tmp/b1 /tmp/b2; do
+  # 16 requests per case (session 10's 4-request cases moved 0.65x -> 1.11x between runs), both
+  # orders: a = ours then stock (/tmp/b1), b = stock then ours (/tmp/b2). SPEC_C1_ORDERS (default
+  # "a b") picks them: on a fresh machine one order takes ~410 s (session 21: checkpoint build 96 s,
+  # first server start 174 s), so give each order its own call on the same warm machine.
+  local orders=(${SPEC_C1_ORDERS:-a b}) o k=0 d diag only
+  for o in "${orders[@]}"; do
+    case $o in
+      a) only=ours,stock; d=/tmp/b1; diag=/tmp/d1 ;;
+      b) only=stock,ours; d=/tmp/b2; diag=/tmp/d2 ;;
+      *) echo "SPEC_C1_ORDERS: a and/or b, got $o" >&2; return 2 ;;
+    esac
+    k=$(( k + 1 ))
+    run "${BENCH[@]}" --model gdn --study spec --only "$only" --concurrency 1 --min-prompts 16 --diag "$diag" \
+      --out "$d" --pack "$OUT/spec_c1_$o.tgz" --time-budget $(( ($(left) - 30) / (${#orders[@]} - k + 1) ))
     [ "$DRY" = 1 ] && continue
-    local args=()
+    local args=() s
     for s in ours stock; do
       [ -d "$d/diag/gdn-12ssm-knob0__spec__${s}__c1__i512o256" ] && args+=("$s=$d/diag/gdn-12ssm-knob0__spec__${s}__c1__i512o256")
     done
     [ ${#args[@]} -gt 0 ] && "$PY" scripts/diag/summarize.py "${args[@]}" --top 12 >>"$OUT/spec_c1_diag.txt" 2>&1
+    # Both sides per verify step (steps = output tokens / accept length of each side's case).
+    if [ ${#args[@]} -eq 2 ]; then
+      local steps=() ok=1 n
+      for s in ours stock; do
+        n=$("$PY" -c "import json,sys; m=json.load(open(sys.argv[1]))['metrics']; print(round(m['total_output_tokens'] / m['accept_length']))" \
+          "$d/cases/gdn-12ssm-knob0__spec__${s}__c1__i512o256.json" 2>/dev/null) || ok=0
+        steps+=("$s=$n")
+      done
+      [ $ok = 1 ] && { echo "== per step, order $o ($d)"; "$PY" scripts/diag/summarize.py "${args[@]}" --diff ours,stock \
+        --steps "$(IFS=,; echo "${steps[*]}")" --top 30; } >>"$OUT/spec_c1_diag.txt" 2>&1
+    fi
   done
 }
 
