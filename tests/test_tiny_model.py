@@ -172,6 +172,34 @@ def test_mixer_scale_changes_state_sensitivity(tmp_path):
     assert scaled["history_logprob_delta_mean"] > 5 * base["history_logprob_delta_mean"]
 
 
+def test_fp32_init_gives_a_bf16_build():
+    """The builder draws the random init in fp32 (faster) and then casts: every parameter and
+    buffer must have the name, shape and dtype that `from_config(cfg, dtype=bf16)` gives it, the
+    config must still say bf16, and the init must have the bf16 build's statistics."""
+    from transformers import AutoModelForCausalLM
+
+    for preset in ("qwen3_next", "nemotron_h"):
+        cfg, _ = mtm.make_config(preset, mtm.resolve_fields(preset, None, {}, {}))
+        torch.manual_seed(0)
+        ref = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+        torch.manual_seed(0)
+        got = mtm._random_bf16_model(cfg)
+        for kind in ("named_parameters", "named_buffers"):
+            want = {n: (t.dtype, tuple(t.shape)) for n, t in getattr(ref, kind)()}
+            have = {n: (t.dtype, tuple(t.shape)) for n, t in getattr(got, kind)()}
+            assert have == want, (preset, kind, {n: (have.get(n), want.get(n)) for n in set(have) | set(want)
+                                                 if have.get(n) != want.get(n)})
+        assert got.config.dtype == torch.bfloat16
+        ref_p = dict(ref.named_parameters())
+        for n, t in got.named_parameters():
+            r = ref_p[n].float()
+            if r.numel() >= 4096:  # same init distribution (other draws): means and spreads agree
+                assert abs(t.float().std().item() - r.std().item()) <= 0.05 * r.std().item() + 1e-6, n
+                assert abs(t.float().mean().item() - r.mean().item()) <= 0.05 * r.std().item() + 1e-3, n
+            elif r.numel() and (r == r.flatten()[0]).all():  # constant inits (norms, dt_bias): equal
+                assert torch.equal(t.float(), r), n
+
+
 def test_transformers_reload(built):
     from transformers import AutoModelForCausalLM
 
