@@ -38,8 +38,8 @@
 #                  SGLang's default fraction ran out of activation memory in the decode logits);
 #                  FIT2_SIDES=stock|ours runs one side (one call each, same warm machine)
 #   decode_fixed   GDN and Nano-9B decode with the same fixed pools on both sides (DECODE_MODELS=gdn|nano9b
-#                  for one model per call)
-#   spec256        GDN spec at concurrency 256 and 128 vs stock spec, fixed pools
+#                  for one model per call; DECODE_SIDES=stock,upstream,ours adds SGLang's own ReplaySSM)
+#   spec256        GDN spec at concurrency 256 and 128 vs stock spec, fixed pools (SPEC_SIDES as DECODE_SIDES)
 #   aime           AIME parity runner end to end on the tiny Qwen3-Next    [.aime_data .tiny]
 #
 # Each step logs to $OUT/<step>.log, packs its result folder as $OUT/<step>.tgz (report.md beside
@@ -311,6 +311,8 @@ step_decode_fixed() {
   # left no time for ours). DECODE_CONC (default 1,128,256): e.g. 256 alone, so that both servers
   # of one model fit one call. DECODE_ARGS: more bench_serving flags, word-split (e.g.
   # "--output-len 1024", where the queued requests' prefill weighs less in the wall time).
+  # DECODE_SIDES (default stock,ours): e.g. stock,upstream,ours for SGLang's own
+  # --enable-linear-replayssm beside them (GDN only; bench_serving skips it for Nano-9B).
   env_ready
   local models=(${DECODE_MODELS:-gdn nano9b}) m k=0 flags
   for m in "${models[@]}"; do
@@ -323,7 +325,7 @@ step_decode_fixed() {
       *) echo "DECODE_MODELS: gdn and/or nano9b, got $m" >&2; return 2 ;;
     esac
     k=$(( k + 1 ))
-    run "${BENCH[@]}" --model "$m" --study decode --only stock,ours --concurrency "${DECODE_CONC:-1,128,256}" ${DECODE_ARGS:-} \
+    run "${BENCH[@]}" --model "$m" --study decode --only "${DECODE_SIDES:-stock,ours}" --concurrency "${DECODE_CONC:-1,128,256}" ${DECODE_ARGS:-} \
       --server-args="$flags" --out "/tmp/b_decode_$m" --pack "$OUT/decode_fixed_$m.tgz" \
       --time-budget $(( ($(left) - 30) / (${#models[@]} - k + 1) ))
   done
@@ -340,10 +342,11 @@ step_spec256() {
   # of 36 GDN layers, so that the GDN layers weigh more in a step (docs/serving.md: with 12 layers
   # even a free GDN verify bounds the ratio at ~1.4x); stock's intermediate_ssm is then 288 MiB a
   # request, so 256 running need the radix cache off (SPEC_POOL_ARGS="--disable-radix-cache
-  # --max-running-requests 256").
+  # --max-running-requests 256"). SPEC_SIDES (default stock,ours): e.g. stock,upstream,ours for
+  # SGLang's own --enable-linear-replayssm-spec beside them.
   local layers=()
   [ -n "${SPEC_SSM_LAYERS:-}" ] && layers=(--ssm-layers "$SPEC_SSM_LAYERS")
-  run "${BENCH[@]}" --model gdn --study spec "${layers[@]}" --only stock,ours --concurrency 256,128 \
+  run "${BENCH[@]}" --model gdn --study spec "${layers[@]}" --only "${SPEC_SIDES:-stock,ours}" --concurrency 256,128 \
     --server-args="${SPEC_POOL_ARGS:---max-mamba-cache-size 1300 --max-running-requests 256}" \
     --out /tmp/b_spec256 --pack "$OUT/spec256.tgz" --time-budget $(( $(left) - 30 ))
 }

@@ -89,6 +89,31 @@ def test_every_step_command_parses(tmp_path, monkeypatch):
     assert seen == {"bench": 6, "aime": 1, "e2e": 5, "fit": 3, "kernels": 26}, seen
 
 
+def test_sides_knobs_reach_the_serving_commands(tmp_path, monkeypatch):
+    """DECODE_SIDES / SPEC_SIDES put SGLang's own ReplaySSM (`upstream`) beside stock and ours in the
+    fixed-pool studies; the default stays stock and ours."""
+    bs = load_script("bench_serving")
+
+    def sides(extra):
+        for k in ("DECODE_SIDES", "SPEC_SIDES", "DECODE_MODELS"):
+            monkeypatch.delenv(k, raising=False)
+        for k, v in extra.items():
+            monkeypatch.setenv(k, v)
+        r = _dry(tmp_path, "decode_fixed", "spec256")
+        assert r.returncode == 0, r.stderr
+        got = []
+        for cmd in _commands(r.stdout):
+            if "scripts/bench_serving.py" in cmd:
+                a = bs.parse_args(cmd[cmd.index("scripts/bench_serving.py") + 1:])
+                got.append((a.study, a.model, a.only))
+        return got
+
+    assert sides({}) == [("decode", "gdn", "stock,ours"), ("decode", "nano9b", "stock,ours"),
+                         ("spec", "gdn", "stock,ours")]
+    assert sides({"DECODE_SIDES": "stock,upstream,ours", "SPEC_SIDES": "upstream,ours", "DECODE_MODELS": "gdn"}) == [
+        ("decode", "gdn", "stock,upstream,ours"), ("spec", "gdn", "upstream,ours")]
+
+
 def test_unknown_step_is_refused(tmp_path):
     r = _dry(tmp_path, "spec_c1", "nonsense")
     assert r.returncode == 2 and "unknown step nonsense" in r.stderr
