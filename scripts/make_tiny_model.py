@@ -641,8 +641,8 @@ def _random_bf16_model(cfg):
     torch fills a bf16 tensor with `normal_` about 5x slower than an fp32 one, and at the real
     shapes the init is most of a build (a 48-layer Qwen3-Next look-alike took 212 s on the H200
     machine's CPU). Every tensor then takes the dtype a bf16 build gives it, read off the same
-    model built on the meta device (no init, no memory): bf16, except what the model class keeps
-    in fp32 (e.g. Nemotron-H's `e_score_correction_bias`)."""
+    model built on the meta device (no init, no memory): bf16, except what such a build keeps in
+    fp32 (the rotary `inv_freq` buffers of Qwen3-Next)."""
     import torch
     from transformers import AutoModelForCausalLM
 
