@@ -648,8 +648,7 @@ def _random_bf16_model(cfg):
 
     with torch.device("meta"):
         ref = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    want = {n: t.dtype for n, t in ref.named_parameters()}
-    want_buf = {n: t.dtype for n, t in ref.named_buffers()}
+    want = {n: t.dtype for n, t in (*ref.named_parameters(), *ref.named_buffers())}
     del ref
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():
@@ -658,7 +657,7 @@ def _random_bf16_model(cfg):
         for n, b in list(model.named_buffers()):
             owner, _, name = n.rpartition(".")
             mod = model.get_submodule(owner) if owner else model
-            mod._buffers[name] = b.to(want_buf[n])
+            mod._buffers[name] = b.to(want[n])
     model.config.dtype = torch.bfloat16
     return model
 
