@@ -4,7 +4,8 @@
 One GPU, one server at a time, same checkpoint for every side:
 
   stock     --mamba-backend triton                                   (pristine: no SGLang plugins)
-  upstream  --mamba-backend triton --enable-linear-replayssm         (decode study; GDN only)
+  upstream  --mamba-backend triton --enable-linear-replayssm --mamba-radix-cache-strategy no_buffer
+                                          (decode study; GDN only; 0.5.17 refuses extra_buffer)
             --mamba-backend triton --enable-linear-replayssm-spec    (spec study;   GDN only)
   ours      --mamba-backend replayssm
   nospec    --mamba-backend triton without NEXTN                     (spec study only: the no-spec reference)
@@ -188,7 +189,9 @@ def side_server_args(side: str, study: str, ring_len: int | None) -> tuple[str, 
     if side == "upstream":
         if spec:
             return "triton", True, ["--enable-linear-replayssm-spec"]
-        return "triton", False, ["--enable-linear-replayssm"] + (
+        # SGLang 0.5.17 refuses --enable-linear-replayssm with the extra_buffer strategy, which
+        # "auto" resolves to when the radix cache is on: name no_buffer, the one it accepts.
+        return "triton", False, ["--enable-linear-replayssm", "--mamba-radix-cache-strategy", "no_buffer"] + (
             ["--linear-replayssm-cache-len", str(ring_len)] if ring_len else [])
     return "triton", spec, []
 

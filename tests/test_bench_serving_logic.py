@@ -76,6 +76,7 @@ def test_build_commands_are_accepted_by_make_tiny_model():
 def test_sides():
     assert bs.side_server_args("stock", "decode", None) == ("triton", False, [])
     assert bs.side_server_args("upstream", "decode", 8) == ("triton", False, ["--enable-linear-replayssm",
+                                                                             "--mamba-radix-cache-strategy", "no_buffer",
                                                                              "--linear-replayssm-cache-len", "8"])
     assert bs.side_server_args("upstream", "spec", 8) == ("triton", True, ["--enable-linear-replayssm-spec"])
     assert bs.side_server_args("ours", "spec", 16) == ("replayssm", True, ["--replayssm-ring-len", "16"])
