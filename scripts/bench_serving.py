@@ -5,7 +5,7 @@ One GPU, one server at a time, same checkpoint for every side:
 
   stock     --mamba-backend triton                                   (pristine: no SGLang plugins)
   upstream  --mamba-backend triton --enable-linear-replayssm --mamba-radix-cache-strategy no_buffer
-                                          (decode study; GDN only; 0.5.17 refuses extra_buffer)
+            --disable-overlap-schedule  (decode study; GDN only; what 0.5.17 requires with the flag)
             --mamba-backend triton --enable-linear-replayssm-spec    (spec study;   GDN only)
   ours      --mamba-backend replayssm
   nospec    --mamba-backend triton without NEXTN                     (spec study only: the no-spec reference)
@@ -190,8 +190,10 @@ def side_server_args(side: str, study: str, ring_len: int | None) -> tuple[str, 
         if spec:
             return "triton", True, ["--enable-linear-replayssm-spec"]
         # SGLang 0.5.17 refuses --enable-linear-replayssm with the extra_buffer strategy, which
-        # "auto" resolves to when the radix cache is on: name no_buffer, the one it accepts.
-        return "triton", False, ["--enable-linear-replayssm", "--mamba-radix-cache-strategy", "no_buffer"] + (
+        # "auto" resolves to when the radix cache is on, and no_buffer without the overlap
+        # scheduler: name both, the one configuration it serves.
+        return "triton", False, ["--enable-linear-replayssm", "--mamba-radix-cache-strategy", "no_buffer",
+                                 "--disable-overlap-schedule"] + (
             ["--linear-replayssm-cache-len", str(ring_len)] if ring_len else [])
     return "triton", spec, []
 

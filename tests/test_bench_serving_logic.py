@@ -77,6 +77,7 @@ def test_sides():
     assert bs.side_server_args("stock", "decode", None) == ("triton", False, [])
     assert bs.side_server_args("upstream", "decode", 8) == ("triton", False, ["--enable-linear-replayssm",
                                                                              "--mamba-radix-cache-strategy", "no_buffer",
+                                                                             "--disable-overlap-schedule",
                                                                              "--linear-replayssm-cache-len", "8"])
     assert bs.side_server_args("upstream", "spec", 8) == ("triton", True, ["--enable-linear-replayssm-spec"])
     assert bs.side_server_args("ours", "spec", 16) == ("replayssm", True, ["--replayssm-ring-len", "16"])
@@ -641,8 +642,17 @@ def test_every_side_server_command_is_accepted_by_sglang(tmp_path, model, study,
             continue
         cmd = bs._server_cmd(a, info, side, 30000)
         argv = cmd[cmd.index("sglang.launch_server") + 1:]
-        # CPU only: no GPU-only radix buffers, no tokenizer process.
-        sa = prepare_server_args(argv + ["--device", "cpu", "--skip-tokenizer-init", "--disable-radix-cache"])
+        # CPU only: no tokenizer process. The command as served (radix cache on) first: SGLang's
+        # strategy checks run there (on the H200, 2026-12-04, SGLang's own ReplaySSM side died twice
+        # in them: extra_buffer refused, then no_buffer without --disable-overlap-schedule). Only
+        # where the CPU itself is what SGLang refuses (extra_buffer's FLA buffers need a GPU) is the
+        # rest checked with the radix cache off.
+        base = argv + ["--device", "cpu", "--skip-tokenizer-init"]
+        try:
+            sa = prepare_server_args(base)
+        except AssertionError as e:
+            assert "extra_buffer needs CUDA" in str(e), (side, str(e))
+            sa = prepare_server_args(base + ["--disable-radix-cache"])
         assert sa.mamba_backend == ("replayssm" if side == "ours" else "triton"), side
         assert (sa.speculative_algorithm is not None) == (study == "spec" and side != "nospec"), side
 
