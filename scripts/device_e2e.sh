@@ -36,9 +36,11 @@
 #   E2E_TOKENS       new tokens per prompt                       (default 256)
 #   E2E_SERVER_FLAGS extra flags for every server (default: explicit small pools, see below)
 #   E2E_GRAPH_BS     --cuda-graph-max-bs-decode of every server   (default 48)
-#   E2E_STARTUP_S    startup timeout of each server, seconds (default: half of what is left, at most
-#                    330; a fresh machine's first stock Nemotron-H NEXTN server at 320 rows was not
-#                    ready after 254 s, its warm-up request still compiling)
+#   E2E_STARTUP_S    longest startup wait of each server, seconds (default 330; e2e_parity.py cuts it
+#                    to what the case has left after 130 s for each side still to run. A fresh
+#                    machine's first stock Nemotron-H NEXTN server at 320 rows was not ready after
+#                    254 s; on 2026-12-04 the old default, half of what was left, gave stock 163 s on a
+#                    fresh machine and both NEXTN cases failed unstarted)
 #   (batches of >= 256 rows, where the GDN ring decode engages by default and where the NEXTN
 #    draft-runner cursor bug lived: E2E_PROMPTS=320 E2E_GRAPH_BS=320 E2E_SERVER_FLAGS="--mem-fraction-static
 #    0.85 --max-total-tokens 200000 --max-mamba-cache-size 1700 --max-running-requests 320": with the radix
@@ -194,7 +196,9 @@ do_run() {
     if [ "$left" -lt 60 ]; then log "skipping $name: ${left}s left"; continue; fi
     # Startup covers import, weights, CUDA-graph capture and the warmup request (which waits
     # for flashinfer's JIT on Nemotron-H the first time).
-    local startup=$(( left / 2 - 15 )); [ "$startup" -gt 330 ] && startup=330
+    # e2e_parity.py cuts each server's wait to what is left after its reserve for the sides still
+    # to run (--later-side-reserve), so the first side may take most of the case's time.
+    local startup=330
     [ -n "${E2E_STARTUP_S:-}" ] && startup=$E2E_STARTUP_S
     rm -rf "${WORK:?}/$name"; mkdir -p "$WORK/$name"
     log "start $name (stock+ours, ${left}s left, startup timeout ${startup}s)"

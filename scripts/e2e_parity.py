@@ -518,7 +518,7 @@ def _cleanup(*_):
 
 @contextmanager
 def launched_server(run: ServerRun, host: str, startup_timeout: float, env: dict,
-                    end_time: float | None = None, ready_note: str = ""):
+                    end_time: float | None = None, ready_note: str = "", timeout_note: str = ""):
     """Start ``run.cmd`` in its own session (output to ``run.log_path``) and wait until it is ready.
 
     Yields the Popen. When the server did not become ready, ``run.error`` is set (and
@@ -540,7 +540,7 @@ def launched_server(run: ServerRun, host: str, startup_timeout: float, env: dict
                 run.error = f"server exited with code {proc.returncode} before it was ready"
                 break
             if time.time() - t0 > startup_timeout:
-                run.error = f"not ready after {startup_timeout:.0f} s"
+                run.error = f"not ready after {startup_timeout:.0f} s{timeout_note}"
                 break
             if end_time is not None and time.time() > end_time - 20:
                 run.error = f"not ready after {time.time() - t0:.0f} s (time budget used up)"
@@ -563,8 +563,25 @@ def launched_server(run: ServerRun, host: str, startup_timeout: float, env: dict
         print(f"[{run.name}] stopped ({'served' if run.served else run.error})", flush=True)
 
 
+# What a later side needs after an earlier one's startup wait: our server started in 70-100 s on
+# the H200 (tiny Qwen3-Next / Nemotron-H with NEXTN, 2026-12-04) and served 32 x 256 tokens in
+# ~3-6 s. Stock's start there took 100-177 s with warm Triton caches and more on a fresh machine,
+# where splitting the budget in halves gave it 163 s and lost the whole call.
+LATER_SIDE_RESERVE_S = 130.0
+
+
+def side_startup_timeout(cap: float, end_time: float | None, now: float, later_sides: int,
+                         reserve: float) -> float:
+    """Startup wait for one side: `cap`, or with an overall budget (`end_time`) at most what is
+    left after `reserve` seconds for each of the `later_sides` still to run and ~20 s to stop
+    this server; never below 1 s (the wait then fails at once with its budget message)."""
+    if end_time is None:
+        return cap
+    return max(1.0, min(cap, end_time - now - 20.0 - reserve * later_sides))
+
+
 def run_server(run: ServerRun, payload: dict, host: str, startup_timeout: float, request_timeout: float,
-               env: dict, end_time: float | None = None, next_waves=()) -> ServerRun:
+               env: dict, end_time: float | None = None, next_waves=(), timeout_note: str = "") -> ServerRun:
     """Start, wait until ready, send the batch, shut down. Fills ``run`` in place.
 
     ``next_waves``: callables that build each further batch from the outputs so far (sent after
@@ -572,7 +589,7 @@ def run_server(run: ServerRun, payload: dict, host: str, startup_timeout: float,
     caps both waits, leaving ~20 s to stop the server."""
     base = f"http://{host}:{run.port}"
     note = f"; sending {len(payload['input_ids'])} prompts" + (f" (+{len(next_waves)} wave(s))" if next_waves else "")
-    with launched_server(run, host, startup_timeout, env, end_time, ready_note=note):
+    with launched_server(run, host, startup_timeout, env, end_time, ready_note=note, timeout_note=timeout_note):
         if run.error:
             return run
         t1 = time.time()
@@ -658,7 +675,12 @@ def parse_args(argv=None):
                         f"{NO_PLUGINS} there)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="first port to try (0: any free port)")
-    p.add_argument("--startup-timeout", type=float, default=300.0)
+    p.add_argument("--startup-timeout", type=float, default=300.0,
+                   help="longest startup wait of a server; with --time-budget also cut to what is left after "
+                        "--later-side-reserve for each side still to run")
+    p.add_argument("--later-side-reserve", type=float, default=LATER_SIDE_RESERVE_S,
+                   help="with --time-budget: seconds kept back for each side that runs after this one (its "
+                        f"startup and its batch; default {LATER_SIDE_RESERVE_S:.0f})")
     p.add_argument("--request-timeout", type=float, default=300.0)
     p.add_argument("--time-budget", type=float, default=None,
                    help="wall seconds for the whole script; waits are cut short so results are still written")
@@ -698,7 +720,7 @@ def main(argv=None) -> int:
     sides_to_run = ["stock", "ours"] if a.only == "both" else [a.only]
     runs: dict[str, ServerRun] = {}
     try:
-        for name in sides_to_run:
+        for k, name in enumerate(sides_to_run):
             port = pick_port(a.port, a.host)
             extra = shlex.split(a.extra_args) + shlex.split(a.stock_extra_args if name == "stock" else a.ours_extra_args)
             cmd = build_server_cmd(
@@ -719,8 +741,12 @@ def main(argv=None) -> int:
             )
             run = ServerRun(name=name, cmd=cmd, log_path=str(out / f"{name}.log"), port=port)
             side_env = server_env(env, name, a.stock_with_plugins)
-            runs[name] = run_server(run, payload, a.host, a.startup_timeout, a.request_timeout, side_env, end_time,
-                                    next_waves=next_waves)
+            startup = side_startup_timeout(a.startup_timeout, end_time, time.time(), len(sides_to_run) - k - 1,
+                                           a.later_side_reserve)
+            cut = (f" (time budget: {a.later_side_reserve:.0f} s kept for each later side)"
+                   if startup < a.startup_timeout else "")
+            runs[name] = run_server(run, payload, a.host, startup, a.request_timeout, side_env, end_time,
+                                    next_waves=next_waves, timeout_note=cut)
     finally:
         _cleanup()
 

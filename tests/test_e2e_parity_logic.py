@@ -310,7 +310,8 @@ class H(JsonHandler):
             res.append({"text": "", "output_ids": [t for _, t, _ in lps], "meta_info": meta})
         self._json(200, res)
 
-serve_until_killed(H, host, port, float(env.get("FAKE_STARTUP_S", "0.2")), log)
+serve_until_killed(H, host, port, float(env.get("FAKE_STOCK_STARTUP_S") if not ours and env.get("FAKE_STOCK_STARTUP_S")
+                                       else env.get("FAKE_STARTUP_S", "0.2")), log)
 '''
 
 
@@ -324,7 +325,7 @@ def fake(tmp_path, monkeypatch):
     (model / "config.json").write_text(json.dumps(
         {"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"], "vocab_size": 2048}))
     for k in ("FAKE_OURS_FAIL", "FAKE_OURS_ISSM", "FAKE_NO_GRAPH", "FAKE_DIVERGE", "SGLANG_PLUGINS",
-              "FAKE_OURS_NO_RADIX", "FAKE_OURS_NO_RETRACT"):
+              "FAKE_OURS_NO_RADIX", "FAKE_OURS_NO_RETRACT", "FAKE_STOCK_STARTUP_S"):
         monkeypatch.delenv(k, raising=False)
     return dict(py=py, model=str(model), pidfile=pidfile, out=tmp_path / "out")
 
@@ -477,4 +478,27 @@ def test_script_radix_and_retraction_checks_fail(fake, monkeypatch):
     # without the flags the same run passes: the checks are what failed it
     rc, res = _run(fake, n=4)
     assert rc == 0 and not any("radix" in c["name"] or "retraction" in c["name"] for c in res["checks"])
+    assert_all_stopped(fake["pidfile"])
+
+
+def test_side_startup_timeout_keeps_the_later_sides_reserve():
+    # No budget: the cap. With a budget: what is left after 20 s to stop and a reserve per later side.
+    assert e2e.side_startup_timeout(330.0, None, 0.0, 1, 130.0) == 330.0
+    assert e2e.side_startup_timeout(330.0, 357.0, 0.0, 1, 130.0) == 207.0  # the first side of a case
+    assert e2e.side_startup_timeout(330.0, 357.0, 150.0, 0, 130.0) == 187.0  # the last side gets the rest
+    assert e2e.side_startup_timeout(100.0, 1000.0, 0.0, 1, 130.0) == 100.0  # the cap still holds
+    assert e2e.side_startup_timeout(330.0, 100.0, 0.0, 1, 130.0) == 1.0  # nothing left: fail at once
+
+
+def test_script_a_hung_first_server_leaves_the_later_side_its_reserve(fake, monkeypatch):
+    """With a time budget, the first server's startup wait stops where the later side's reserve
+    begins: stock never getting ready must not take our server's time too."""
+    monkeypatch.setenv("FAKE_STOCK_STARTUP_S", "60")
+    rc = e2e.main(["--model", fake["model"], "--python", fake["py"], "--out", str(fake["out"]),
+                   "--num-prompts", "2", "--max-new-tokens", "4", "--prompt-len", "4", "12",
+                   "--startup-timeout", "300", "--time-budget", "32", "--later-side-reserve", "8"])
+    res = json.loads((fake["out"] / "result.json").read_text())
+    assert rc == 1 and not res["sides"]["stock"]["served"]
+    assert "kept for each later side" in res["sides"]["stock"]["error"], res["sides"]["stock"]["error"]
+    assert res["sides"]["ours"]["served"], res["sides"]["ours"]
     assert_all_stopped(fake["pidfile"])
