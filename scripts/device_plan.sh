@@ -31,6 +31,9 @@
 #   e2e_prefix     prefix-cache / scheduler parity cases (:radix :nobuffer :retract :mixed)  [.tiny]
 #   spec_c1        GDN spec at concurrency 1, 16 requests a case: ours then stock, then stock then
 #                  ours (SPEC_C1_ORDERS="a b"; one order per call on a fresh machine); --diag summaries
+#   decode_c1      GDN decode at concurrency 1, 16 requests a case, both orders (DECODE_C1_ORDERS="a b"),
+#                  host stacks (--diag) and GPU kernels (--gpu-profile-steps) of both sides: where
+#                  ours' longer time to first token at C=1 (session 23) goes
 #   spec_fit       max concurrency with NEXTN on and the radix cache off (scripts/fit_probe.py;
 #                  resumable: repeat the call if a side was left)                [.whl2 if 2nd call]
 #   spec_fit2      spec_fit without calibration launches: stock at N=960 (its session-11 launch), then
@@ -275,6 +278,40 @@ step_spec_c1() {
   done
 }
 
+step_decode_c1() {
+  # GDN decode at concurrency 1, 16 requests a case, both orders (DECODE_C1_ORDERS, default "a b";
+  # a = ours then stock, b = stock then ours), with both servers' host stacks (--diag) and a GPU
+  # kernel profile of a short rerun (--gpu-profile-steps) per case. Session 23: ours' decode steps
+  # ran at stock's speed at C=1 but its time to first token was ~47 ms longer (142 vs 95 ms), which
+  # session 19 had not seen; this step is to find where those 47 ms go. Per order: TTFT / TPOT per
+  # side, the scheduler's host profile of each side and the kernels that differ, in decode_c1_diag.txt.
+  env_ready
+  local orders=(${DECODE_C1_ORDERS:-a b}) o k=0 d diag only s case
+  for o in "${orders[@]}"; do
+    case $o in
+      a) only=ours,stock; d=/tmp/c1a; diag=/tmp/dc1a ;;
+      b) only=stock,ours; d=/tmp/c1b; diag=/tmp/dc1b ;;
+      *) echo "DECODE_C1_ORDERS: a and/or b, got $o" >&2; return 2 ;;
+    esac
+    k=$(( k + 1 ))
+    run "${BENCH[@]}" --model gdn --study decode --only "$only" --concurrency 1 --min-prompts 16 --diag "$diag" \
+      --gpu-profile-steps 160 --server-args="--max-mamba-cache-size 1300 --max-running-requests 256" \
+      --out "$d" --pack "$OUT/decode_c1_$o.tgz" --time-budget $(( ($(left) - 30) / (${#orders[@]} - k + 1) ))
+    [ "$DRY" = 1 ] && continue
+    local args=() cases=()
+    echo "== order $o ($only, $d)" >>"$OUT/decode_c1_diag.txt"
+    for s in stock ours; do
+      case="$d/cases/gdn-24ssm-dummy__decode__${s}__c1__i512o256.json"
+      [ -f "$case" ] && { cases+=("$case"); "$PY" -c "import json,sys; m=json.load(open(sys.argv[1]))['metrics'] or {}; \
+print(f'c1 {sys.argv[2]:>5}: TTFT mean {m.get(\"mean_ttft_ms\", 0):.1f} ms, median TPOT {m.get(\"median_tpot_ms\", 0):.3f} ms, {m.get(\"output_throughput\", 0):.1f} tok/s')" \
+        "$case" "$s" 2>&1 | tee -a "$LOG" >>"$OUT/decode_c1_diag.txt"; }
+      [ -d "$d/diag/gdn-24ssm-dummy__decode__${s}__c1__i512o256" ] && args+=("$s=$d/diag/gdn-24ssm-dummy__decode__${s}__c1__i512o256")
+    done
+    [ ${#args[@]} -gt 0 ] && "$PY" scripts/diag/summarize.py "${args[@]}" --top 15 >>"$OUT/decode_c1_diag.txt" 2>&1
+    [ ${#cases[@]} -eq 2 ] && "$PY" scripts/diag/gpu_compare.py "${cases[@]}" --top 25 >>"$OUT/decode_c1_diag.txt" 2>&1
+  done
+}
+
 step_spec_fit() {
   # Max concurrency with NEXTN on and the radix cache off, probed per side (calibrate, predict,
   # launch at N*, load it); builds the GDN spec checkpoint first if /tmp/bench_models lacks it.
@@ -358,7 +395,7 @@ step_aime() {
     --time-budget $(( $(left) - 30 ))
 }
 
-STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
+STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
 [ $# -gt 0 ] || { echo "usage: $0 STEP [STEP ...]; steps: ${STEPS[*]}" >&2; exit 2; }
 for s in "$@"; do
   [[ " ${STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s; steps: ${STEPS[*]}" >&2; exit 2; }
@@ -378,4 +415,5 @@ for s in "$@"; do
   grep -hE "m2profile rc|^[a-z0-9x_]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+x$|RESULT|^\[(PASS|FAIL)\]|ours/stock|^ +[0-9]+ +[0-9]|kernel tests rc|bench rc|passed|verdict|VERDICT|^\| (stock|ours) \||^\| [0-9]+ \||^\*\*Mamba-2|conservative" "$OUT/$s.log" 2>/dev/null | tail -40
 done
 [ -f "$OUT/spec_c1_diag.txt" ] && grep -E "^== |process:" "$OUT/spec_c1_diag.txt"
+[ -f "$OUT/decode_c1_diag.txt" ] && grep -E "^== |^c1 |us of kernels per step" "$OUT/decode_c1_diag.txt"
 exit $rc
