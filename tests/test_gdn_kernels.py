@@ -492,6 +492,62 @@ def test_commit_prepare_tracked_matches_commit_prepare_with_a_fold_window(device
         assert bool(tracked.any()) and bool((n_ref > 0).any())
 
 
+def _tree_form_steps(acc, seq_lens, interval, T):
+    """SGLang's `_verify_commit_step_indices` for a linear chain, written out in torch (its tree
+    form: gathers from the accept index), so the kernel tests need no SGLang import."""
+    bs = acc.shape[0]
+    idx = torch.full((bs, T), -1, dtype=torch.int64)
+    for i, a in enumerate(acc.tolist()):
+        idx[i, :a] = i * T + torch.arange(a)
+    offset = torch.arange(0, bs * T, T, dtype=torch.int64)
+    rows = torch.arange(bs)
+    last = idx[rows, acc - 1] - offset
+    post = seq_lens + acc
+    cross = seq_lens // interval != post // interval
+    ith = torch.clamp(post // interval * interval - seq_lens - 1, min=0)
+    steps = torch.where(cross, idx[rows, ith] - offset, torch.full_like(last, -1))
+    return last, steps
+
+
+def test_commit_prepare_chain_tracked_equals_the_tracked_commit_on_sglangs_steps(device):
+    """For a linear chain the one launch computes SGLang's step indices itself (last accepted step;
+    the step reaching the next track-interval multiple, -1 without a crossing) and plans exactly
+    what `commit_prepare_tracked` plans from those steps: fold, snapshot and cursor moves. Padding
+    rows get SGLang's step values too and touch no cursor."""
+    from replayssm_kernels import commit_prepare_chain_tracked, commit_prepare_tracked
+
+    g = torch.Generator().manual_seed(11)
+    S, B, L, T = 40, 33, 16, 4
+    crossings = 0
+    for interval in (1, 3, 8, 64):
+        slot = torch.randperm(S, generator=g)[:B].to(torch.int64)
+        slot[::7] = -1
+        wpos = torch.randint(0, L - T + 1, (S,), generator=g, dtype=torch.int32)
+        origin = torch.randint(0, L, (S,), generator=g, dtype=torch.int32)
+        acc = torch.randint(1, T + 1, (B,), generator=g, dtype=torch.int64)
+        # lengths just below, at and past multiples of the interval
+        seq_lens = (torch.randint(1, 40, (B,), generator=g) * interval
+                    + torch.randint(-T, T, (B,), generator=g)).clamp(min=1).to(torch.int64)
+        track = torch.randint(0, S, (B,), generator=g, dtype=torch.int64)
+        last_ref, steps_ref = _tree_form_steps(acc, seq_lens, interval, T)
+        crossings += int((steps_ref >= 0).sum())
+        w1, o1 = wpos.clone().to(device), origin.clone().to(device)
+        w2, o2 = wpos.clone().to(device), origin.clone().to(device)
+        plan_ref = commit_prepare_tracked(slot.to(device), w1, o1, acc.to(device), L, T, steps_ref.to(device),
+                                          track.to(device))
+        out = commit_prepare_chain_tracked(slot.to(device), w2, o2, acc.to(device), L, T, seq_lens.to(device),
+                                           interval, track.to(device))
+        for got, want in zip(out[:4], plan_ref):
+            assert torch.equal(got, want), interval
+        assert torch.equal(w1, w2) and torch.equal(o1, o2), interval
+        assert out[4].cpu().tolist() == last_ref.tolist(), interval
+        assert out[5].cpu().tolist() == steps_ref.tolist(), interval
+    assert crossings > 20
+    with pytest.raises(ValueError):
+        commit_prepare_chain_tracked(slot.to(device), w2, o2, acc.to(device), L, T, seq_lens.to(device), 0,
+                                     track.to(device))
+
+
 def test_decode_prepare_reads_bool_and_int_force_masks_alike(device):
     slot = torch.tensor([0, 1, -1, 2], dtype=torch.int32, device=device)
     plans = []

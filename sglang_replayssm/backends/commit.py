@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from replayssm_kernels import commit_prepare_tracked
+from replayssm_kernels import commit_prepare_chain_tracked
 
 
 def _replayssm_pool(target_worker):
@@ -29,38 +29,33 @@ def commit_after_verify(original, target_worker, batch, accept_lens, accept_inde
     if batch.forward_mode.is_idle() or accept_index.numel() == 0:
         return None
     from sglang.kernels.ops.mamba.mamba_state_scatter_triton import fused_conv_window_scatter_with_mask
-    from sglang.srt.speculative.spec_utils import _verify_commit_step_indices
+    from sglang.srt.speculative import spec_utils
 
     req_pool = target_worker.model_runner.req_to_token_pool
     slots = req_pool.get_mamba_indices(batch.req_pool_indices).to(torch.int32).contiguous()  # no-op when int32
-    if batch.mamba_track_indices is None:
-        # A linear draft chain (topk 1, refused otherwise at startup): row i accepted window steps
-        # 0 .. accept_lens[i] - 1. SGLang's tree-general form (two aranges, a 2-D gather, a
-        # subtraction) gives the same numbers at several small launches of host time per verify
-        # step, which is what a batch-1 spec step is bound by.
-        last_step, steps_to_track = accept_lens - 1, None
-    else:
-        last_step, steps_to_track = _verify_commit_step_indices(
-            batch=batch, accept_index=accept_index, accept_lens=accept_lens, draft_token_num=draft_token_num,
-        )
     # Early-flush margin: the next window must fit, and the next window may be longer than this
     # one (adaptive speculation switches between step configurations; the pool was sized for
     # the largest, --max-speculative-num-draft-tokens).
     t_max = max(int(draft_token_num), int(pool.replayssm_max_draft_tokens or 0))
-    if steps_to_track is not None:
-        # One launch for the cursor moves and the radix track snapshot plan (the state after window
-        # step s is the one the radix cache keeps, so fold at least through it and store it into
-        # the track slot on the way), then one fold launch for all layers.
-        n_fold, origin, snap_at, snap_slot = commit_prepare_tracked(
+    # The draft is a linear chain (topk 1, refused otherwise at startup): row i accepted window
+    # steps 0 .. accept_lens[i] - 1. SGLang's tree-general `_verify_commit_step_indices` (two
+    # aranges, 2-D gathers, a dozen small launches) gives the same step indices at host time a
+    # batch-1 spec step is bound by, so they come from our own launch instead.
+    if batch.mamba_track_indices is None:
+        last_step, steps_to_track = accept_lens - 1, None
+        # Cursor moves and fold; GDN at small batches in one launch.
+        pool.replayssm_commit(slots, accept_lens.contiguous(), t_max)
+    else:
+        # One launch for SGLang's step indices, the cursor moves and the radix track snapshot plan
+        # (the state after the crossing step is the one the radix cache keeps, so fold at least
+        # through it and store it into the track slot on the way), then one fold for all layers.
+        n_fold, origin, snap_at, snap_slot, last_step, steps_to_track = commit_prepare_chain_tracked(
             slots, pool.replayssm_wpos, pool.replayssm_origin, accept_lens.contiguous(), pool.replayssm_ring_len,
-            t_max, steps_to_track.contiguous(), batch.mamba_track_indices.contiguous(),
+            t_max, batch.seq_lens.contiguous(), spec_utils.get_exec().mamba.mamba_track_interval,
+            batch.mamba_track_indices.contiguous(),
         )
         pool.replayssm_fold_fn(pool.mamba_cache.temporal, pool.replayssm_rings, slots, n_fold, origin,
                                snap_at=snap_at, snap_slot=snap_slot)
-    else:
-        # Cursor moves and fold; GDN at small batches in one launch (host work per verify step is
-        # what this path costs there).
-        pool.replayssm_commit(slots, accept_lens.contiguous(), t_max)
     cache = pool.mamba_cache
     for conv, windows in zip(cache.conv, cache.intermediate_conv_window):
         fused_conv_window_scatter_with_mask(conv, windows, slots, last_step)

@@ -3,6 +3,14 @@
 See docs/design.md for the ring/cursor protocol shared by both families.
 """
 
-from .cursors import commit_prepare, commit_prepare_tracked, decode_prepare, pending_fold_plan, reset_cursors
+from .cursors import (
+    commit_prepare,
+    commit_prepare_chain_tracked,
+    commit_prepare_tracked,
+    decode_prepare,
+    pending_fold_plan,
+    reset_cursors,
+)
 
-__all__ = ["commit_prepare", "commit_prepare_tracked", "decode_prepare", "pending_fold_plan", "reset_cursors"]
+__all__ = ["commit_prepare", "commit_prepare_chain_tracked", "commit_prepare_tracked", "decode_prepare",
+           "pending_fold_plan", "reset_cursors"]

@@ -108,11 +108,16 @@ def _commit_prepare_kernel(
     track_slots,
     snap_at,
     snap_slot,
+    seq_lens,
+    chain_last,
+    chain_steps,
+    track_interval,
     B,
     RL: tl.constexpr,
     T_MAX: tl.constexpr,
     HAS_FOLD_WINDOW: tl.constexpr,
     HAS_TRACK: tl.constexpr,
+    CHAIN: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     o_r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -132,7 +137,22 @@ def _commit_prepare_kernel(
     if HAS_TRACK:
         # Radix track boundary after window step `track_steps` (< 0: none): fold at least through
         # it, and have the fold store the state there (entry wp + step + 1) into `track_slots`.
-        b_st = tl.load(track_steps + o_r, mask=m_valid, other=-1).to(tl.int32)
+        if CHAIN:
+            # A linear draft chain accepts window steps 0 .. acc - 1, so SGLang's step indices
+            # (`_verify_commit_step_indices`) reduce to: the last accepted step acc - 1, and the
+            # step that reaches the next multiple of the track interval when this commit crosses
+            # one (-1 otherwise). Every row gets both, padding included, as SGLang computes them.
+            b_acc_all = tl.load(num_accepted + o_r, mask=m_r, other=1).to(tl.int64)
+            b_pre = tl.load(seq_lens + o_r, mask=m_r, other=0).to(tl.int64)
+            b_post = b_pre + b_acc_all
+            b_point = (b_post // track_interval) * track_interval
+            b_cross = (b_pre // track_interval) != (b_post // track_interval)
+            b_st = tl.where(b_cross, tl.maximum(b_point - b_pre - 1, 0), -1).to(tl.int32)
+            tl.store(chain_last + o_r, (b_acc_all - 1).to(tl.int32), mask=m_r)
+            tl.store(chain_steps + o_r, b_st, mask=m_r)
+            b_st = tl.where(m_valid, b_st, -1)
+        else:
+            b_st = tl.load(track_steps + o_r, mask=m_valid, other=-1).to(tl.int32)
         b_tr = m_valid & (b_st >= 0)
         b_fw = tl.where(b_tr, b_st + 1, 0)
         b_nfold = tl.where(b_fw > 0, tl.maximum(b_nfold, tl.minimum(b_wp + b_fw, b_n)), b_nfold)
@@ -178,9 +198,11 @@ def commit_in_fold(wpos, origin, num_accepted, tickets, i_n, slot, n_programs, R
 
 
 def _launch_commit(slot_idx, wpos, origin, num_accepted, ring_len, max_draft_tokens, row_nfold, row_origin,
-                   fold_window=None, track=None) -> None:
-    """The one commit launch behind `commit_prepare` and `commit_prepare_tracked`.
-    `track`: None or `(track_steps, track_slots, snap_at, snap_slot)`."""
+                   fold_window=None, track=None, chain=None) -> None:
+    """The one commit launch behind `commit_prepare`, `commit_prepare_tracked` and
+    `commit_prepare_chain_tracked`. `track`: None or `(track_steps, track_slots, snap_at,
+    snap_slot)`; `chain`: None or `(seq_lens, track_interval, last_step, track_steps)` (then
+    `track`'s `track_steps` is the output `chain` names)."""
     assert wpos.dtype == torch.int32 and origin.dtype == torch.int32
     if ring_len < max_draft_tokens:
         raise ValueError(
@@ -191,6 +213,7 @@ def _launch_commit(slot_idx, wpos, origin, num_accepted, ring_len, max_draft_tok
         return
     steps, tslots, snap_at, snap_slot = track if track is not None else (num_accepted, num_accepted, row_nfold,
                                                                           row_origin)
+    seq_lens, interval, last, csteps = chain if chain is not None else (num_accepted, 1, row_nfold, row_origin)
     _commit_prepare_kernel[(triton.cdiv(B, _BLOCK_ROWS),)](
         slot_idx,
         wpos,
@@ -203,11 +226,16 @@ def _launch_commit(slot_idx, wpos, origin, num_accepted, ring_len, max_draft_tok
         tslots,
         snap_at,
         snap_slot,
+        seq_lens,
+        last,
+        csteps,
+        interval,
         B,
         RL=ring_len,
         T_MAX=max_draft_tokens,
         HAS_FOLD_WINDOW=fold_window is not None,
         HAS_TRACK=track is not None,
+        CHAIN=chain is not None,
         BLOCK=_BLOCK_ROWS,
     )
 
@@ -279,6 +307,43 @@ def commit_prepare_tracked(
     _launch_commit(slot_idx, wpos, origin, num_accepted, ring_len, max_draft_tokens, row_nfold, row_origin,
                    track=(track_steps, track_slots, snap_at, snap_slot))
     return row_nfold, row_origin, snap_at, snap_slot
+
+
+def commit_prepare_chain_tracked(
+    slot_idx: torch.Tensor,
+    wpos: torch.Tensor,
+    origin: torch.Tensor,
+    num_accepted: torch.Tensor,
+    ring_len: int,
+    max_draft_tokens: int,
+    seq_lens: torch.Tensor,
+    track_interval: int,
+    track_slots: torch.Tensor,
+) -> tuple[torch.Tensor, ...]:
+    """`commit_prepare_tracked` for a linear draft chain (topk 1), with SGLang's step indices
+    computed in the same launch instead of by `_verify_commit_step_indices` on the host.
+
+    Args:
+        seq_lens (torch.Tensor): `[B]` int, each row's length before this verify (`batch.seq_lens`).
+        track_interval (int): the radix cache's track interval (`mamba_track_interval`).
+        track_slots (torch.Tensor): `[B]` int, the slot the crossing state goes to.
+        (the others as in `commit_prepare`)
+
+    Returns:
+        `(row_nfold, row_origin, snap_at, snap_slot, last_step, track_steps)`, `[B]` int32 each: the
+        fold plan and snapshot plan of `commit_prepare_tracked`, then SGLang's
+        `(last_correct_step_indices, mamba_steps_to_track)` for a linear chain: `acc - 1`, and the
+        window step whose state reaches the next multiple of `track_interval` when the commit
+        crosses one (`-1` otherwise).
+    """
+    if track_interval < 1:
+        raise ValueError(f"track_interval must be >= 1, got {track_interval}")
+    out = torch.empty((6, slot_idx.shape[0]), dtype=torch.int32, device=slot_idx.device)
+    row_nfold, row_origin, snap_at, snap_slot, last_step, track_steps = out.unbind(0)
+    _launch_commit(slot_idx, wpos, origin, num_accepted, ring_len, max_draft_tokens, row_nfold, row_origin,
+                   track=(track_steps, track_slots, snap_at, snap_slot),
+                   chain=(seq_lens, int(track_interval), last_step, track_steps))
+    return row_nfold, row_origin, snap_at, snap_slot, last_step, track_steps
 
 
 @triton.jit
