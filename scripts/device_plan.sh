@@ -242,6 +242,14 @@ step_e2e_prefix() {
     qwen3_next:radix:nobuffer:mixed nemotron_h:nextn:radix
 }
 
+c1_order() {  # KNOB ORDER: the run order of a C=1 pair (a: ours first, b: stock first) -> only, n_order
+  case $2 in
+    a) only=ours,stock; n_order=1 ;;
+    b) only=stock,ours; n_order=2 ;;
+    *) echo "$1: a and/or b, got $2" >&2; return 2 ;;
+  esac
+}
+
 step_spec_c1() {
   env_ready
   # 16 requests per case (session 10's 4-request cases moved 0.65x -> 1.11x between runs), both
@@ -250,11 +258,8 @@ step_spec_c1() {
   # first server start 174 s), so give each order its own call on the same warm machine.
   local orders=(${SPEC_C1_ORDERS:-a b}) o k=0 d diag only
   for o in "${orders[@]}"; do
-    case $o in
-      a) only=ours,stock; d=/tmp/b1; diag=/tmp/d1 ;;
-      b) only=stock,ours; d=/tmp/b2; diag=/tmp/d2 ;;
-      *) echo "SPEC_C1_ORDERS: a and/or b, got $o" >&2; return 2 ;;
-    esac
+    c1_order SPEC_C1_ORDERS "$o" || return 2
+    d=/tmp/b$n_order; diag=/tmp/d$n_order
     k=$(( k + 1 ))
     run "${BENCH[@]}" --model gdn --study spec --only "$only" --concurrency 1 --min-prompts 16 --diag "$diag" \
       --out "$d" --pack "$OUT/spec_c1_$o.tgz" --time-budget $(( ($(left) - 30) / (${#orders[@]} - k + 1) ))
@@ -288,11 +293,8 @@ step_decode_c1() {
   env_ready
   local orders=(${DECODE_C1_ORDERS:-a b}) o k=0 d diag only s case
   for o in "${orders[@]}"; do
-    case $o in
-      a) only=ours,stock; d=/tmp/c1a; diag=/tmp/dc1a ;;
-      b) only=stock,ours; d=/tmp/c1b; diag=/tmp/dc1b ;;
-      *) echo "DECODE_C1_ORDERS: a and/or b, got $o" >&2; return 2 ;;
-    esac
+    c1_order DECODE_C1_ORDERS "$o" || return 2
+    d=/tmp/c1$o; diag=/tmp/dc1$o
     k=$(( k + 1 ))
     run "${BENCH[@]}" --model gdn --study decode --only "$only" --concurrency 1 --min-prompts 16 --diag "$diag" \
       --gpu-profile-steps 160 --server-args="--max-mamba-cache-size 1300 --max-running-requests 256" \
