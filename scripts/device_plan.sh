@@ -297,7 +297,8 @@ step_decode_c1() {
     d=/tmp/c1$o; diag=/tmp/dc1$o
     k=$(( k + 1 ))
     run "${BENCH[@]}" --model gdn --study decode --only "$only" --concurrency 1 --min-prompts 16 --diag "$diag" \
-      --gpu-profile-steps 160 --server-args="--max-mamba-cache-size 1300 --max-running-requests 256" \
+      --gpu-profile-steps 160 \
+      --server-args="--max-mamba-cache-size 1300 --max-running-requests 256 --enable-request-time-stats-logging" \
       --out "$d" --pack "$OUT/decode_c1_$o.tgz" --time-budget $(( ($(left) - 30) / (${#orders[@]} - k + 1) ))
     [ "$DRY" = 1 ] && continue
     local args=() cases=()
@@ -308,6 +309,10 @@ step_decode_c1() {
 print(f'c1 {sys.argv[2]:>5}: TTFT mean {m.get(\"mean_ttft_ms\", 0):.1f} ms, median TPOT {m.get(\"median_tpot_ms\", 0):.3f} ms, {m.get(\"output_throughput\", 0):.1f} tok/s')" \
         "$case" "$s" 2>&1 | tee -a "$LOG" >>"$OUT/decode_c1_diag.txt"; }
       [ -d "$d/diag/gdn-24ssm-dummy__decode__${s}__c1__i512o256" ] && args+=("$s=$d/diag/gdn-24ssm-dummy__decode__${s}__c1__i512o256")
+      # SGLang's per-request split: queue (arrival to first forward) and forward durations.
+      { echo "-- $s: SGLang request time stats (last 24 requests)"
+        grep -h "queue_duration" "$d"/logs/gdn-24ssm-dummy__decode__"$s"__*.log 2>/dev/null | tail -24 | cut -c1-220; } \
+        >>"$OUT/decode_c1_diag.txt"
     done
     [ ${#args[@]} -gt 0 ] && "$PY" scripts/diag/summarize.py "${args[@]}" --top 15 >>"$OUT/decode_c1_diag.txt" 2>&1
     [ ${#cases[@]} -eq 2 ] && "$PY" scripts/diag/gpu_compare.py "${cases[@]}" --top 25 >>"$OUT/decode_c1_diag.txt" 2>&1

@@ -43,6 +43,12 @@ def test_every_step_command_parses(tmp_path, monkeypatch):
     fit = load_script("fit_probe")
     e2e = load_script("e2e_parity")
     seen = {"bench": 0, "aime": 0, "e2e": 0, "fit": 0, "kernels": 0}
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    sglang_parser = argparse.ArgumentParser(exit_on_error=False)
+    ServerArgs.add_cli_args(sglang_parser)
     for cmd in cmds:
         joined = " ".join(cmd)
         if "scripts/bench_serving.py" in cmd:
@@ -50,6 +56,11 @@ def test_every_step_command_parses(tmp_path, monkeypatch):
             a = bs.parse_args(args)  # exits (SystemExit) on an unknown flag or a bad value
             sides = a.only.split(",")
             assert set(sides) <= set(bs.STUDY_SIDES[a.study]) and len(set(sides)) == len(sides), joined
+            # The extra server flags, with SGLang's own parser (a typo there costs a device call;
+            # the full argument checks of every side's command are in test_bench_serving_logic).
+            for extra in (a.server_args, a.stock_args, a.ours_args, a.upstream_args):
+                if extra:
+                    sglang_parser.parse_args(["--model-path", "m", *shlex.split(extra)])
             seen["bench"] += 1
         elif "scripts/fit_probe.py" in cmd:
             a = fit.parse_args(cmd[cmd.index("scripts/fit_probe.py") + 1:])
