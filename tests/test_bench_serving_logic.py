@@ -624,13 +624,18 @@ def test_sglang_client_refused_when_tokenizer_smaller_than_vocab(fake, capsys):
 
 
 @pytest.mark.parametrize("model,study", [("gdn", "decode"), ("nano9b", "decode"), ("gdn", "spec"), ("super", "spec")])
-def test_every_side_server_command_is_accepted_by_sglang(tmp_path, model, study, plugin_env):
+def test_every_side_server_command_is_accepted_by_sglang(tmp_path, model, study, plugin_env, monkeypatch):
     """Build the study's checkpoint (config + tokenizer, dummy weights) and run SGLang's own argument
     handling (ServerArgs.__post_init__: model config, spec and backend checks, our plugin's guards)
     on every side's exact server command. On the H200 (2026-11-30) every server of the first serving
     call died in SGLang's ModelConfig because such a checkpoint had no `architectures`."""
+    from sglang.srt import server_args as sglang_server_args
     from sglang.srt.server_args import prepare_server_args
 
+    # extra_buffer (what `auto` resolves to with the radix cache on) asserts a CUDA-like device
+    # before its other checks; in server_args.py only that assertion reads is_musa, so saying yes
+    # there lets every later check run on the CPU.
+    monkeypatch.setattr(sglang_server_args, "is_musa", lambda: True)
     out = tmp_path / "bench"
     ssm = {"gdn": "3", "nano9b": "2", "super": "2"}[model]
     a = bs.parse_args(["--out", str(out), "--model", model, "--study", study, "--ssm-layers", ssm,
@@ -642,18 +647,13 @@ def test_every_side_server_command_is_accepted_by_sglang(tmp_path, model, study,
             continue
         cmd = bs._server_cmd(a, info, side, 30000)
         argv = cmd[cmd.index("sglang.launch_server") + 1:]
-        # CPU only: no tokenizer process. The command as served (radix cache on) first: SGLang's
-        # strategy checks run there (on the H200, 2026-12-04, SGLang's own ReplaySSM side died twice
-        # in them: extra_buffer refused, then no_buffer without --disable-overlap-schedule). Only
-        # where the CPU itself is what SGLang refuses (extra_buffer's FLA buffers need a GPU) is the
-        # rest checked with the radix cache off.
-        base = argv + ["--device", "cpu", "--skip-tokenizer-init"]
-        try:
-            sa = prepare_server_args(base)
-        except AssertionError as e:
-            assert "extra_buffer needs CUDA" in str(e), (side, str(e))
-            sa = prepare_server_args(base + ["--disable-radix-cache"])
+        # CPU only: no tokenizer process. The command as served, radix cache on: SGLang's strategy
+        # checks run there (on the H200, 2026-12-04, SGLang's own ReplaySSM side died twice in them:
+        # extra_buffer refused, then no_buffer without --disable-overlap-schedule).
+        sa = prepare_server_args(argv + ["--device", "cpu", "--skip-tokenizer-init"])
         assert sa.mamba_backend == ("replayssm" if side == "ours" else "triton"), side
+        assert sa.mamba_radix_cache_strategy == ("no_buffer" if side == "upstream" and study == "decode"
+                                                 else "extra_buffer"), (side, sa.mamba_radix_cache_strategy)
         assert (sa.speculative_algorithm is not None) == (study == "spec" and side != "nospec"), side
 
 
