@@ -226,6 +226,9 @@ _OURS_MEM_RE = re.compile(r"ReplaySSM memory: (\d+) mamba slots \(\+1 padding\) 
 _UP_RING_RE = re.compile(r"GDN ReplaySSM ring buffers allocated \(record_len=(\d+)[^)]*\): (.*)")
 _UP_PART_RE = re.compile(r"(\w+)=" + _NUM + r"GB")
 _CAPPED_RE = re.compile(r"max_running_requests is capped to (\d+) by the mamba state cache")
+_OOM_RE = re.compile(r"torch\.OutOfMemoryError|CUDA out of memory")
+_GPU_TOTAL_RE = re.compile(r"total capacity of " + _NUM + r" GiB")
+_MEM_FRAC_RE = re.compile(r"mem_fraction_static=" + _NUM)
 _DECODE_RE = re.compile(
     r"Decode batch(?: \[\d+\])?, #running-req: (\d+),.*?(?:accept len: " + _NUM + r",.*?)?"
     r"(?:cuda|cpu|npu|musa) graph: (True|False), gen throughput \(token/s\): " + _NUM)
@@ -286,6 +289,29 @@ def parse_server_facts(text: str) -> dict:
     m = _CAPPED_RE.search(text)
     f["capped_by_mamba"] = int(m.group(1)) if m else None
     return f
+
+
+def upstream_oom_hint(text: str) -> str | None:
+    """Why SGLang's own ReplaySSM server died of a CUDA OOM, and the flag that fixes it; None when
+    the log shows no OOM or no upstream rings.
+
+    SGLang 0.5.17's `--enable-linear-replayssm` allocates its rings after the KV cache has been sized
+    from `--mem-fraction-static`, so they come out of the activation headroom. On the H200 (session
+    24) its rings took 11.5 of the 12.9 GB left for activations, and the first batch of 256 prefills
+    ran out of memory. The fix: lower its fraction by the rings' share of the GPU."""
+    if not _OOM_RE.search(text):
+        return None
+    m = _UP_RING_RE.search(text)
+    if not m:
+        return None
+    rings = sum(float(v) for _, v in _UP_PART_RE.findall(m.group(2)))
+    how = "F = its --mem-fraction-static minus rings / GPU memory"
+    frac, total = _MEM_FRAC_RE.search(text), _GPU_TOTAL_RE.search(text)
+    if frac and total:
+        f, t = float(frac.group(1)), float(total.group(1))
+        how = f"here F <= {f:g} - {rings:.3f} / {t:.2f} = {math.floor((f - rings / t) * 1000) / 1000:.3f}"
+    return (f"out of GPU memory: SGLang's own ReplaySSM allocates its rings ({rings:.3f} GB) after sizing the KV "
+            f"cache, outside --mem-fraction-static; rerun with --upstream-args=--mem-fraction-static=F ({how})")
 
 
 def fit_concurrency(facts: dict, input_len: int, output_len: int, spec: bool) -> dict:
@@ -1310,6 +1336,11 @@ def run_side(a, out: Path, model: dict, side: str, concs: list[int], end_time: f
         write_json(out / "servers" / f"{sname}.json", server_rec)
         if run.error:
             stats["server_failed"] = True
+            hint = upstream_oom_hint(log_text) if side == "upstream" else None
+            if hint:
+                run.error = f"{run.error}; {hint}"
+                server_rec["error"] = run.error
+                write_json(out / "servers" / f"{sname}.json", server_rec)
             print(f"[{side}] server failed: {run.error}\n" + "\n".join(log_text.splitlines()[-20:]), flush=True)
             for c in concs:
                 cid = case_id(model["tag"], a.study, side, c, a.input_len, a.output_len)
@@ -1368,6 +1399,9 @@ def run_side(a, out: Path, model: dict, side: str, concs: list[int], end_time: f
                 metrics = summarize_requests(reqs, dur, c)
                 reqs_failed = metrics["failed"]
                 err = None if reqs_failed == 0 else f"{reqs_failed}/{n} requests failed: {metrics['errors']}"
+            if err and side == "upstream":
+                hint = upstream_oom_hint(e2e._read(str(log_path)))
+                err = f"{err}; {hint}" if hint else err
             host = host_probe_end(probe, _proc.pid)
             diag_dir = _diag_collect(a.diag, out / "diag" / cid) if a.diag else None
             log_slice = e2e._read(str(log_path))[off:]

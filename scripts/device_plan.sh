@@ -357,8 +357,15 @@ step_decode_fixed() {
   # "--output-len 1024", where the queued requests' prefill weighs less in the wall time).
   # DECODE_SIDES (default stock,ours): e.g. stock,upstream,ours for SGLang's own
   # --enable-linear-replayssm beside them (GDN only; bench_serving skips it for Nano-9B).
+  # DECODE_UPSTREAM_ARGS (default --mem-fraction-static=0.825, given only when upstream runs): SGLang's
+  # own ReplaySSM allocates its rings (11.5 GB at 1300 slots) after sizing the KV cache, so at the
+  # auto fraction (0.907 on the H200) it died of a CUDA OOM on its first 256 prefills (session 24);
+  # 0.825 takes the rings' share of the GPU off (its KV: 3.02M tokens, ours 2.88M, stock 3.77M).
   env_ready
-  local models=(${DECODE_MODELS:-gdn nano9b}) m k=0 flags
+  local models=(${DECODE_MODELS:-gdn nano9b}) m k=0 flags up=()
+  case ",${DECODE_SIDES:-stock,ours}," in
+    *,upstream,*) up=("--upstream-args=${DECODE_UPSTREAM_ARGS---mem-fraction-static=0.825}") ;;
+  esac
   for m in "${models[@]}"; do
     case $m in
       gdn) flags="--max-mamba-cache-size 1300 --max-running-requests 256" ;;
@@ -369,7 +376,7 @@ step_decode_fixed() {
       *) echo "DECODE_MODELS: gdn and/or nano9b, got $m" >&2; return 2 ;;
     esac
     k=$(( k + 1 ))
-    run "${BENCH[@]}" --model "$m" --study decode --only "${DECODE_SIDES:-stock,ours}" --concurrency "${DECODE_CONC:-1,128,256}" ${DECODE_ARGS:-} \
+    run "${BENCH[@]}" --model "$m" --study decode --only "${DECODE_SIDES:-stock,ours}" --concurrency "${DECODE_CONC:-1,128,256}" "${up[@]}" ${DECODE_ARGS:-} \
       --server-args="$flags" --out "/tmp/b_decode_$m" --pack "$OUT/decode_fixed_$m.tgz" \
       --time-budget $(( ($(left) - 30) / (${#models[@]} - k + 1) ))
   done

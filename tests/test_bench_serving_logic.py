@@ -385,6 +385,9 @@ if side == "ours":
     log(f"ReplaySSM pool (gdn, 24 SSM layers, ring_len=16, rings in bfloat16): per slot checkpoint 48.00 MiB + rings 3.13 MiB + cursors 8 B; {slots + 1} slots: checkpoints 14.121 GiB, rings 0.920 GiB")
 if side == "upstream":
     log("GDN ReplaySSM ring buffers allocated (record_len=16, fold=False): d=0.500GB, k=0.250GB, g=0.004GB ")
+oom = side in env.get("FAKE_OOM_SIDES", "").split(",")
+if oom:
+    log("server_args=ServerArgs(model_path='m', mem_fraction_static=0.907, max_running_requests=256)")
 log("KV Cache is allocated. dtype: torch.bfloat16, #tokens: 100000, K size: 3.05 GB, V size: 3.05 GB")
 log(f"max_total_num_tokens=100000, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests={min(mrr, 290)}, context_len=32768, available_gpu_mem=20.11 GB")
 log(f"Capture target {'verify' if spec else 'decode'} CUDA graph end. elapsed=0.10 s")
@@ -438,6 +441,13 @@ class H(JsonHandler):
                 json.dump({"traceEvents": events}, fh)
             self._json(200, {})
             return
+        if oom:  # SGLang's scheduler dies on the first prefill; the HTTP server goes with it
+            log("Scheduler hit an exception: Traceback (most recent call last):")
+            log("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 128.00 MiB. GPU 0 has a total "
+                "capacity of 139.80 GiB of which 78.31 MiB is free.")
+            child.terminate()
+            child.wait()
+            os._exit(1)
         req = json.loads(body)
         sp = req["sampling_params"]
         assert sp["temperature"] == 0 and sp["ignore_eos"] is True and req["stream"] is True
@@ -611,6 +621,34 @@ def test_server_failure_is_reported_and_retried(fake, monkeypatch):
     assert _run(fake, "gdn", concs="1") == 0  # only the failed case is retried
     assert json.loads((fake["out"] / "cases" / "gdn__decode__ours__c1__i8o12.json").read_text())["ok"]
     assert_all_stopped(fake["pidfile"])
+
+
+def test_upstream_oom_names_the_flag_that_fixes_it(fake, monkeypatch):
+    # Session 24 on the H200: SGLang's own ReplaySSM server died of a CUDA OOM on its first 256
+    # prefills (its rings are allocated after the KV cache is sized). The failed case says why
+    # and which flag fixes it, with the fraction computed from its log.
+    monkeypatch.setenv("FAKE_OOM_SIDES", "upstream")
+    assert _run(fake, "gdn", "--only", "stock,upstream", concs="1") == 1
+    err = json.loads((fake["out"] / "cases" / "gdn__decode__upstream__c1__i8o12.json").read_text())["error"]
+    assert "--upstream-args=--mem-fraction-static=F" in err
+    assert "0.907 - 0.754 / 139.80 = 0.901" in err  # the fake's rings: 0.5 + 0.25 + 0.004 GB
+    assert "Failed or incomplete" in (fake["out"] / "report.md").read_text()
+    assert_all_stopped(fake["pidfile"])
+
+
+def test_upstream_oom_hint_from_an_h200_log():
+    log = "\n".join([
+        "[2026-12-04 10:10:13] server_args=ServerArgs(model_path='/tmp/m', mem_fraction_static=0.907, x=1)",
+        "[2026-12-04 10:10:44] GDN ReplaySSM ring buffers allocated (record_len=16, fold=False): d=7.623GB, "
+        "k=3.812GB, g=0.060GB ",
+        "[2026-12-04 10:10:44] Memory pool end. avail mem=1.37 GB",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 128.00 MiB. GPU 0 has a total capacity "
+        "of 139.80 GiB of which 78.31 MiB is free.",
+    ])
+    hint = bs.upstream_oom_hint(log)
+    assert "(11.495 GB)" in hint and "= 0.824" in hint  # session 24 ran it at 0.825: one step above
+    assert bs.upstream_oom_hint(log.replace("OutOfMemoryError", "RuntimeError").replace("CUDA out of memory", "boom")) is None
+    assert bs.upstream_oom_hint(log.split("\n", 2)[0] + "\n" + log.splitlines()[-1]) is None  # no upstream rings
 
 
 def test_sglang_client_refused_when_tokenizer_smaller_than_vocab(fake, capsys):

@@ -1,6 +1,7 @@
 """scripts/device_plan.sh: every command a step would run on the GPU machine parses with the
 script it calls (a wrong flag costs a device call: session 9 lost one to `--years 24`)."""
 
+import argparse
 import os
 import re
 import shlex
@@ -117,12 +118,24 @@ def test_sides_knobs_reach_the_serving_commands(tmp_path, monkeypatch):
             if "scripts/bench_serving.py" in cmd:
                 a = bs.parse_args(cmd[cmd.index("scripts/bench_serving.py") + 1:])
                 got.append((a.study, a.model, a.only))
+                upstream_args.append(a.upstream_args)
         return got
 
+    upstream_args = []
     assert sides({}) == [("decode", "gdn", "stock,ours"), ("decode", "nano9b", "stock,ours"),
                          ("spec", "gdn", "stock,ours")]
+    assert upstream_args == ["", "", ""]
+    upstream_args.clear()
     assert sides({"DECODE_SIDES": "stock,upstream,ours", "SPEC_SIDES": "upstream,ours", "DECODE_MODELS": "gdn"}) == [
         ("decode", "gdn", "stock,upstream,ours"), ("spec", "gdn", "upstream,ours")]
+    # SGLang's own decode side runs with its rings' share of the GPU off its fraction (session 24:
+    # at the auto 0.907 it died of a CUDA OOM on its first 256 prefills).
+    assert upstream_args[0] == "--mem-fraction-static=0.825"
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    ServerArgs.add_cli_args(parser)
+    assert parser.parse_args(["--model-path", "m", *shlex.split(upstream_args[0])]).mem_fraction_static == 0.825
 
 
 def test_unknown_step_is_refused(tmp_path):
