@@ -130,7 +130,7 @@ def test_sides_knobs_reach_the_serving_commands(tmp_path, monkeypatch):
         ("decode", "gdn", "stock,upstream,ours"), ("spec", "gdn", "upstream,ours")]
     # SGLang's own decode side runs with its rings' share of the GPU off its fraction (session 24:
     # at the auto 0.907 it died of a CUDA OOM on its first 256 prefills).
-    assert upstream_args[0] == "--mem-fraction-static=0.825"
+    assert upstream_args == ["--mem-fraction-static=0.825"] * 2
     from sglang.srt.server_args import ServerArgs
 
     parser = argparse.ArgumentParser(exit_on_error=False)
