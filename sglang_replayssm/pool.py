@@ -4,7 +4,8 @@ Installed as `HybridReqToTokenPool.mamba_pool_cls` (runtime hook `pool.class`). 
 slot (all `size + 1` slots, the padding slot included) and SSM layer, see docs/design.md:
 
     temporal  [Lm, S, HV, V, K] (GDN) / [Lm, S, NH, P, N] (Mamba-2) fp32   the checkpoint
-    GDN rings     rssm_d, rssm_k, rssm_g, rssm_rawv, rssm_rawk, rssm_beta   (GDNRings)
+    GDN rings     rssm_d, rssm_k, rssm_g, rssm_rawv, rssm_rawk, rssm_beta   (GDNRings; rssm_rawk has
+                  a zero-length ring axis unless the plain replay form is in effect at allocation)
     Mamba-2 rings rssm_x [Lm, S, NH, L, P], rssm_B [Lm, S, G, L, N], rssm_dt [Lm, S, NH, L]
     cursors   replayssm_wpos, replayssm_origin  [S] int32, shared by all layers
               (replayssm_tickets [S] int32: the one-launch GDN commit's counters, 0 between launches)
@@ -122,7 +123,8 @@ def ring_dims(family: str, cache_params) -> dict:
 
 
 def ring_bytes_per_slot(family: str, cache_params, ring_len: int, act_dtype: torch.dtype, num_layers: int) -> int:
-    """Ring bytes of one slot over `num_layers` SSM layers (cursors not included)."""
+    """Ring bytes of one slot over `num_layers` SSM layers (cursors not included), as `_alloc_rings`
+    allocates them now (GDN: the raw-key ring only in the plain replay form)."""
     d = ring_dims(family, cache_params)
     if family == "gdn":
         from replayssm_kernels.gdn.rings import gdn_ring_bytes_per_slot
@@ -374,6 +376,11 @@ class ReplaySSMMambaPool(MambaPool):
             str(self.replayssm_act_dtype).replace("torch.", ""), ckpt / _MIB, ring / _MIB,
             CURSOR_BYTES_PER_SLOT, num_slots, ckpt * num_slots / _GIB, ring * num_slots / _GIB, spec,
         )
+        if self.replayssm_family == "gdn" and not self.replayssm_rings.has_raw_keys:
+            from replayssm_kernels.configs import gdn_k_tree
+
+            logger.info("ReplaySSM pool: no raw-key ring (the exact replay reads the normalised keys in "
+                        "its form, REPLAYSSM_CONFIG gdn_k_tree=%d)", gdn_k_tree(self.replayssm_dims["K"]))
 
     # -- public API for the backends ---------------------------------------------------------------
     @property

@@ -13,7 +13,14 @@ from typing import Optional
 import torch
 
 from replayssm_kernels import commit_prepare, decode_prepare, pending_fold_plan
-from replayssm_kernels.gdn import alloc_gdn_rings, gdn_commit, gdn_replay_decode, gdn_replay_fold, gdn_replay_verify
+from replayssm_kernels.gdn import (
+    alloc_gdn_rings,
+    gdn_commit,
+    gdn_keeps_raw_keys,
+    gdn_replay_decode,
+    gdn_replay_fold,
+    gdn_replay_verify,
+)
 from replayssm_kernels.mamba2 import (
     alloc_mamba2_rings,
     mamba2_replay_decode,
@@ -112,7 +119,8 @@ class GDNHarness(_RingHarness):
     """One GDN layer over `batch` requests.
 
     `A_log`, `dt_bias`: fp32 `[HV]`. Activations (q, k, v, a, b) may be bf16, fp16 or fp32; the
-    rings take the activation dtype of the first decode/verify call.
+    rings take the activation dtype of the first decode/verify call. Whether they keep raw keys is
+    decided here, by the replay form in effect at construction (as the pool's is at allocation).
     """
 
     def __init__(
@@ -129,11 +137,12 @@ class GDNHarness(_RingHarness):
             raise ValueError(f"A_log and dt_bias must be [{self.HV}]")
         self._state = torch.zeros(1, self.num_slots, self.HV, self.V, self.K, dtype=torch.float32, device=self.device)
         self._rings = None
+        self._raw_keys = gdn_keeps_raw_keys(self.K)
 
     def _rings_for(self, dtype: torch.dtype):
         if self._check_dtype(dtype) or self._rings is None:
             self._rings = alloc_gdn_rings(1, self.num_slots, self.H, self.HV, self.K, self.V,
-                                          self.ring_len, dtype, self.device)
+                                          self.ring_len, dtype, self.device, raw_keys=self._raw_keys)
         return self._rings
 
     def set_state(self, S0: torch.Tensor) -> None:

@@ -106,6 +106,15 @@ FORMS = [pytest.param(1, id="tree"), pytest.param(2, id="shuffle")]
 FORM_PLANS = [(1, p) for p in DECODE_PLANS] + [(2, p) for p in DECODE_PLANS if "two-warps" not in p.id]
 
 
+# The verify launches the tree forms are checked on: the default two-launch verify, the one-launch
+# verify and its matrix form.
+VERIFY_CFGS = [
+    pytest.param(None, id="default-two-launch"),
+    pytest.param((32, 1, 2, 0), id="one-launch"),
+    pytest.param((16, 1, 2, 2), id="matrix-form"),
+]
+
+
 @pytest.mark.parametrize("form,plan", [pytest.param(f, p.values[0], id=f"{('tree', 'shuffle')[f - 1]}-{p.id}")
                                        for f, p in FORM_PLANS])
 def test_tree_decode_state_follows_gpu_order(form, plan):
@@ -129,11 +138,7 @@ def test_tree_decode_state_follows_gpu_order(form, plan):
 
 
 @pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("verify_cfg", [
-    pytest.param(None, id="default-two-launch"),
-    pytest.param((32, 1, 2, 0), id="one-launch"),
-    pytest.param((16, 1, 2, 2), id="matrix-form"),
-])
+@pytest.mark.parametrize("verify_cfg", VERIFY_CFGS)
 def test_tree_verify_commit_state_follows_gpu_order(verify_cfg, form):
     """Verify + commit in the tree or shuffle form (L = 8, T = 3, a different accept count per
     row, several folds): the committed state equals the GPU-order model after every commit."""
@@ -209,3 +214,159 @@ def test_replay_form_setting_is_checked(monkeypatch):
             gdn_k_tree(128)
     with override("gdn_k_tree", (2,)):
         assert gdn_k_tree(128) == 2 and gdn_k_tree(64) == 0
+
+
+# Rings without raw keys: allocated while a tree form is in effect (the GPU default at K = 128),
+# `rawk` has a zero-length ring axis and no kernel stores to it (gdn/rings.py).
+
+RING_NAMES = ("d", "k", "g", "rawv", "beta")  # every ring but `rawk`
+
+
+def _setup_in_form(alloc_form, *args, **kwargs):
+    """`_setup` with the harness built while `gdn_k_tree` = alloc_form (its rings keep raw keys iff 0)."""
+    with override("gdn_k_tree", (alloc_form,)):
+        return _setup(*args, **kwargs)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_tree_forms_allocate_rings_without_raw_keys(form):
+    """In the tree and shuffle forms new rings keep no raw keys: `rawk` has no elements but valid
+    strides and views, the checks pass, and the rings are smaller by exactly the raw-key bytes;
+    `raw_keys` overrides the form; K != 128 (always the plain form) keeps them."""
+    from replayssm_kernels.gdn import alloc_gdn_rings, gdn_ring_bytes_per_slot
+    from replayssm_kernels.gdn.rings import check_gdn_rings
+
+    Lm, S, H, HV, V, L = 2, 3, 2, 4, 16, 8
+    args = (Lm, S, H, HV, 128, V, L, bf16, "cpu")
+    with override("gdn_k_tree", (0,)):
+        kept = alloc_gdn_rings(*args)
+    with override("gdn_k_tree", (form,)):
+        lean = alloc_gdn_rings(*args)
+        assert alloc_gdn_rings(*args, raw_keys=True).has_raw_keys
+        assert alloc_gdn_rings(Lm, S, H, HV, 64, V, L, bf16, "cpu").has_raw_keys
+        per_slot = gdn_ring_bytes_per_slot(H, HV, 128, V, L, bf16, Lm)
+    assert not alloc_gdn_rings(*args, raw_keys=False).has_raw_keys
+    assert kept.has_raw_keys and not lean.has_raw_keys
+    assert lean.rawk.numel() == 0 and tuple(lean.rawk.shape) == (Lm, S, H, 0, 128) and lean.rawk.dtype == bf16
+    assert kept.nbytes() - lean.nbytes() == Lm * S * H * L * 128 * 2
+    assert lean.nbytes() == S * per_slot
+    assert lean.ring_len == L and not lean.per_layer
+    one = lean.layer(1)
+    assert one.per_layer and one.ring_len == L and not one.has_raw_keys and tuple(one.rawk.shape) == (S, H, 0, 128)
+    assert not one.all_layers().has_raw_keys and one.all_layers().nbytes() == lean.nbytes() // Lm
+    for r in (lean, one, kept, kept.layer(0)):
+        check_gdn_rings(r, H, HV, 128, V)
+    assert lean.replay_keys(form) is lean.k
+
+
+@pytest.mark.parametrize("form,plan", [
+    pytest.param(1, DECODE_PLANS[0].values[0], id="tree-default-split2"),
+    pytest.param(1, DECODE_PLANS[1].values[0], id="tree-one-launch"),
+    pytest.param(2, DECODE_PLANS[0].values[0], id="shuffle-default-split2"),
+    pytest.param(2, DECODE_PLANS[1].values[0], id="shuffle-one-launch"),
+    pytest.param(2, DECODE_PLANS[3].values[0], id="shuffle-plan3"),
+])
+def test_decode_without_raw_keys_matches_with_them(form, plan):
+    """Decode over several flushes (L = 4) on rings without raw keys gives, after every step, the
+    outputs and committed state of the same run on rings with them (torch.equal), and the
+    GPU-order model's state; at the end every other ring holds the same bits (the skipped store
+    went nowhere else)."""
+    B, H, HV, V, L = 2, 1, 2, 16, 4
+    runs = []
+    for alloc_form in (0, form):
+        gen, h, model = _setup_in_form(alloc_form, B, H, HV, V, L, 1, seed=3)
+        outs, states = [], []
+        with overrides((("gdn_k_tree", (form,)), *plan)):
+            for step in range(2 * L + 1):
+                q, k, v, a, b = (t[:, 0] for t in _inputs(gen, B, 1, H, HV, V))
+                outs.append(h.decode(q, k, v, a, b))
+                for r in range(B):
+                    model.step(r, q[r], k[r], v[r], a[r], b[r], 128 ** -0.5)
+                states.append(h.state())
+                assert torch.equal(states[-1], torch.from_numpy(model.S)), f"state after step {step}"
+        runs.append((h, outs, states))
+    (h_kept, o_kept, s_kept), (h_lean, o_lean, s_lean) = runs
+    assert h_kept._rings.has_raw_keys and not h_lean._rings.has_raw_keys and h_lean._rings.rawk.numel() == 0
+    for step in range(2 * L + 1):
+        assert torch.equal(o_lean[step], o_kept[step]), f"outputs of step {step}"
+        assert torch.equal(s_lean[step], s_kept[step]), f"state after step {step}"
+    assert torch.equal(h_lean.checkpoint_pool(), h_kept.checkpoint_pool())
+    for name in RING_NAMES:
+        assert torch.equal(getattr(h_lean._rings, name), getattr(h_kept._rings, name)), name
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("verify_cfg", VERIFY_CFGS)
+def test_verify_commit_without_raw_keys_matches_with_them(verify_cfg, form):
+    """Verify + commit (L = 8, T = 3, a different accept count per row, several folds) on rings
+    without raw keys: outputs and committed state equal the run with them and the GPU-order
+    model after every commit, and every other ring holds the same bits."""
+    B, H, HV, V, L, T = 2, 1, 2, 16, 8, 3
+    items = [("gdn_k_tree", (form,))] + ([("gdn_verify", verify_cfg)] if verify_cfg else [])
+    runs = []
+    for alloc_form in (0, form):
+        gen, h, model = _setup_in_form(alloc_form, B, H, HV, V, L, T, seed=5)
+        outs, states = [], []
+        with overrides(items):
+            for step in range(5):
+                q, k, v, a, b = _inputs(gen, B, T, H, HV, V)
+                outs.append(h.verify(q, k, v, a, b))
+                acc = torch.tensor([T, 1 + step % T])
+                h.commit(acc)
+                for r in range(B):
+                    for t in range(int(acc[r])):
+                        model.step(r, q[r, t], k[r, t], v[r, t], a[r, t], b[r, t], 128 ** -0.5)
+                states.append(h.state())
+                assert torch.equal(states[-1], torch.from_numpy(model.S)), f"state after commit {step}"
+        runs.append((h, outs, states))
+    (h_kept, o_kept, s_kept), (h_lean, o_lean, s_lean) = runs
+    assert h_kept._rings.has_raw_keys and not h_lean._rings.has_raw_keys
+    for step in range(5):
+        assert torch.equal(o_lean[step], o_kept[step]), f"outputs of verify {step}"
+        assert torch.equal(s_lean[step], s_kept[step]), f"state after commit {step}"
+    for name in RING_NAMES:
+        assert torch.equal(getattr(h_lean._rings, name), getattr(h_kept._rings, name)), name
+
+
+def test_plain_form_replay_refused_on_rings_without_raw_keys():
+    """The plain form replays from raw keys: on rings allocated without them its decode (any row
+    may flush), fold and commit are refused with the setting named, before any kernel writes a
+    ring or checkpoint (commit: before any cursor moves); the form the rings were allocated for
+    still runs on them afterwards."""
+    from replayssm_kernels.gdn import alloc_gdn_rings, gdn_commit, gdn_replay_fold
+
+    B, H, HV, V, L = 2, 1, 2, 16, 4
+    gen, h, _ = _setup_in_form(2, B, H, HV, V, L, 1, seed=3)
+    q, k, v, a, b = (t[:, 0] for t in _inputs(gen, B, 1, H, HV, V))
+    with override("gdn_k_tree", (2,)):
+        h.decode(q, k, v, a, b)
+        committed = h.state()
+    assert not h._rings.has_raw_keys
+    refused = "keep no raw keys.*REPLAYSSM_CONFIG gdn_k_tree.*gdn_k_tree=0"
+    with override("gdn_k_tree", (0,)), pytest.raises(ValueError, match=refused):
+        h.state()
+    with override("gdn_k_tree", (2,)):
+        assert torch.equal(h.state(), committed)
+    ckpt, rings = h.checkpoint_pool().clone(), [t.clone() for t in h._rings.tensors()]
+    with override("gdn_k_tree", (0,)):
+        with pytest.raises(ValueError, match=refused):
+            h.decode(q, k, v, a, b, force_flush=torch.ones(B))
+        with pytest.raises(ValueError, match=refused):
+            h.decode(q, k, v, a, b)
+    assert torch.equal(h.checkpoint_pool(), ckpt)
+    assert all(torch.equal(t, t0) for t, t0 in zip(h._rings.tensors(), rings))
+
+    # The kernels' entry points themselves (all-layer rings, as the pool passes them).
+    S = B + 2
+    rings = alloc_gdn_rings(1, S, H, HV, 128, V, L, bf16, "cpu", raw_keys=False)
+    state = torch.zeros(1, S, HV, V, 128)
+    slots = torch.arange(B, dtype=torch.int32)
+    wpos, origin = torch.ones(S, dtype=torch.int32), torch.zeros(S, dtype=torch.int32)
+    tickets = torch.zeros(S, dtype=torch.int32)
+    with override("gdn_k_tree", (0,)):
+        with pytest.raises(ValueError, match=refused):
+            gdn_replay_fold(state, rings, slots, None, None, cursors=(wpos, origin))
+        for fused_below in (0, 64):  # the two-launch commit moves no cursor before refusing
+            with override("gdn_commit_fused_below", (fused_below,)), pytest.raises(ValueError, match=refused):
+                gdn_commit(state, rings, slots, wpos, origin, torch.ones(B, dtype=torch.int32), 1, tickets)
+    assert wpos.tolist() == [1] * S and origin.tolist() == [0] * S

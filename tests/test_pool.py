@@ -367,6 +367,48 @@ def test_cpu_copy_round_trip_carries_rings_and_cursors():
         pool.load_cpu_copy((cpu.conv, cpu.temporal), idx)
 
 
+def test_gdn_pool_without_raw_keys():
+    """A GDN pool built while the tree or shuffle replay form is in effect (K = 128; the GPU
+    default) keeps no raw-key ring: `rssm_rawk` has no elements, the rings and the byte count the
+    solver charges both drop by exactly its bytes, and decode, the CPU copy round trip and
+    copy-on-write work on it and end in the bits of a pool that keeps raw keys (same form)."""
+    from replayssm_kernels.configs import override
+
+    H, HV, K, V, L, Lm, S = 1, 2, 128, 16, 4, 2, 5
+    cp = gdn_params(H, HV, K, V)
+    src, dst, idx = 1, 3, torch.tensor([1, 2])
+    pools, results = [], []
+    for alloc_form in (0, 2):
+        with override("gdn_k_tree", (alloc_form,)):
+            pool = build_pool("gdn", cp, size=S - 1, ring_len=L)
+            assert pool.replayssm_ring_bytes_per_slot == ring_bytes_per_slot("gdn", cp, L, bf16, Lm)
+        gen = torch.Generator().manual_seed(7)
+        temporal = pool.mamba_cache.temporal
+        temporal.copy_(torch.randn(temporal.shape, generator=gen) * 0.1)
+        with override("gdn_k_tree", (2,)):
+            _gdn_decode_tokens(pool, src, steps=6, gen=gen)  # a flush at step 4, 2 pending
+            cpu = pool.get_cpu_copy(idx)
+            for name in GDN_RING_FIELDS.values():
+                getattr(pool.mamba_cache, name).zero_()
+            pool.load_cpu_copy(cpu, idx)
+            pool.copy_from(torch.tensor([src]), torch.tensor([dst]))
+        pools.append(pool)
+        results.append((temporal.clone(), [t.clone() for t in pool.replayssm_rings.tensors()]))
+    kept, lean = pools
+    assert kept.replayssm_rings.has_raw_keys and not lean.replayssm_rings.has_raw_keys
+    assert tuple(lean.mamba_cache.rssm_rawk.shape) == (Lm, S, H, 0, K) and lean.mamba_cache.rssm_rawk.numel() == 0
+    assert lean.replayssm_rings.rawk is lean.mamba_cache.rssm_rawk
+    assert tuple(lean.mamba2_layer_cache(1).rssm_rawk.shape) == (S, H, 0, K)
+    raw = Lm * H * L * K * 2
+    assert kept.replayssm_ring_bytes_per_slot - lean.replayssm_ring_bytes_per_slot == raw
+    assert int(lean.replayssm_wpos[src]) == 2 and int(lean.replayssm_wpos[dst]) == 0
+    (t_kept, r_kept), (t_lean, r_lean) = results
+    assert torch.equal(t_lean, t_kept) and not torch.equal(t_lean[:, dst], t_lean[:, src])
+    for name, a, b in zip(GDN_RING_FIELDS, r_kept, r_lean):
+        if name != "rawk":
+            assert torch.equal(a, b), name
+
+
 @pytest.mark.parametrize("kernel", [True, False])
 def test_reset_cursors_on_slot_tensors_as_sglang_passes_them(kernel, monkeypatch):
     """Slot tensors straight from SGLang's allocator (int64, 0-d or 1-d, padding -1) reset exactly

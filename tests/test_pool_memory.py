@@ -243,6 +243,29 @@ def test_pool_allocates_what_the_solver_charges(models, published, name, draft):
         assert pool.mamba_cache.intermediate_ssm is None
 
 
+@pytest.mark.parametrize("form", [1, 2], ids=["tree", "shuffle"])
+def test_solver_charges_no_raw_key_ring_in_the_tree_forms(models, published, form):
+    """With the tree or shuffle replay form in effect (the GPU default at K = 128), the GDN rings
+    keep no raw keys: the solver's per-slot ring bytes drop by exactly the raw-key ring's (three
+    layers of H x L x K bf16), and the pool built under the same setting allocates what it charges."""
+    from replayssm_kernels.configs import override
+
+    cfg = configurator(models, "qwen3_next", draft=4)
+    with override("gdn_k_tree", (0,)):
+        plain = memory.slot_bytes(cfg)
+    with override("gdn_k_tree", (form,)):
+        lean = memory.slot_bytes(cfg)
+        with get_parallel().override(attn_tp_size=1):
+            params = cfg.mambaish_config.mamba2_cache_params
+        with pool_build_context(memory.build_context_for(cfg)):
+            pool = ReplaySSMMambaPool(size=3, spec_state_size=2, cache_params=params, mamba_layer_ids=params.layers,
+                                      device="cpu", speculative_num_draft_tokens=4, speculative_eagle_topk=1)
+    assert plain["rings"] == GDN_RINGS
+    assert plain["rings"] - lean["rings"] == 3 * _GDN_ELEMS["rawk"] * 2
+    assert lean["total"] == plain["total"] - 3 * _GDN_ELEMS["rawk"] * 2 and lean["state"] == plain["state"]
+    assert not pool.replayssm_rings.has_raw_keys and pool.replayssm_rings.nbytes() == 4 * lean["rings"]
+
+
 def test_gdn_decode_only_server_below_the_ring_threshold_gets_no_rings(models, published, caplog):
     """A GDN server without speculative decoding that can never run `ring_min_batch("gdn")` requests
     (here --max-running-requests 8) would only pay memory for rings: none are allocated, the pool gets

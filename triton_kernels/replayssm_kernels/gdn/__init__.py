@@ -3,7 +3,7 @@
 from .decode import gdn_replay_decode
 from .fold import gdn_commit, gdn_replay_fold
 from .reference import gdn_gate_ref, gdn_recurrent_ref
-from .rings import GDNRings, alloc_gdn_rings, gdn_ring_bytes_per_slot, gdn_ring_shapes
+from .rings import GDNRings, alloc_gdn_rings, gdn_keeps_raw_keys, gdn_ring_bytes_per_slot, gdn_ring_shapes
 from .verify import gdn_replay_verify
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "gdn_replay_decode",
     "gdn_replay_fold",
     "gdn_replay_verify",
+    "gdn_keeps_raw_keys",
     "gdn_ring_bytes_per_slot",
     "gdn_ring_shapes",
 ]

@@ -10,9 +10,11 @@ so the token needs only `S k` and `S q`, built from `S0 k`, `S0 q`, `k_j . k`, `
     u = beta (v - alpha S k),   o = alpha S q + u (k . q),   alpha = exp(g)
 
 A non-flush row never writes the state; it appends (u, k, g) for outputs and (raw v, raw k, beta)
-for the exact fold at logical position `wp`. A flush row replays the pending raw entries and the
-token with the baseline's exact recurrence, reads the output like the baseline, and stores the
-state. Grid: `(cdiv(V, BV) * B * HV,)`, one `[BK, BV]` state tile per program.
+for the exact fold at logical position `wp` (raw k only where the rings keep it, `RAW_K`: the
+plain replay form's; the tree and shuffle forms replay from `k`). A flush row replays the pending
+raw entries and the token with the baseline's exact recurrence, reads the output like the
+baseline, and stores the state. Grid: `(cdiv(V, BV) * B * HV,)`, one `[BK, BV]` state tile per
+program.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def _decode_nonflush(
     stride_d_slot, stride_k_slot, stride_g_slot, stride_rawv_slot, stride_rawk_slot, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr, USE_DOT: tl.constexpr, EVICT: tl.constexpr,
-    TREE: tl.constexpr,
+    TREE: tl.constexpr, RAW_K: tl.constexpr,
 ):
     """Output from checkpoint + pending entries by inner products; append this token."""
     o_k = tl.arange(0, BK)
@@ -106,7 +108,8 @@ def _decode_nonflush(
         if i_hv % (HV // H) == 0:
             tl.store(ring_k + slot * stride_k_slot + (i_h * RL + phys) * K + o_k, b_k.to(ring_k.dtype.element_ty),
                      mask=mask_k)
-            tl.store(ring_rawk + slot * stride_rawk_slot + (i_h * RL + phys) * K + o_k, b_k_raw, mask=mask_k)
+            if RAW_K:
+                tl.store(ring_rawk + slot * stride_rawk_slot + (i_h * RL + phys) * K + o_k, b_k_raw, mask=mask_k)
 
 
 @triton.jit(do_not_specialize=["B"])
@@ -122,7 +125,7 @@ def _gdn_decode_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
     USE_DOT: tl.constexpr, EVICT: tl.constexpr, PHASE: tl.constexpr, UNROLL: tl.constexpr = 1,
-    TREE: tl.constexpr = False,
+    TREE: tl.constexpr = False, RAW_K: tl.constexpr = True,
 ):
     i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
 
@@ -171,7 +174,7 @@ def _gdn_decode_kernel(
                 p_hs, p_vin, p_o, ring_d, ring_k, ring_g, ring_rawv, ring_rawk, ring_beta,
                 b_q, b_k, b_k_raw, b_g, b_beta, wp, org, slot, i_v, i_h, i_hv, scale,
                 stride_d_slot, stride_k_slot, stride_g_slot, stride_rawv_slot, stride_rawk_slot, stride_beta_slot,
-                H, HV, K, V, BK, BV, RL, RLB, USE_DOT, EVICT, TREE,
+                H, HV, K, V, BK, BV, RL, RLB, USE_DOT, EVICT, TREE, RAW_K,
             )
 
 
@@ -229,6 +232,8 @@ def gdn_replay_decode(
     check_gdn_rings(rings, H, HV, K, V)
     if rings.rawk.dtype != k.dtype:
         raise ValueError(f"raw ring dtype {rings.rawk.dtype} must match the activation dtype {k.dtype}")
+    tree = gdn_k_tree(K)
+    rings.replay_keys(tree)  # any row may flush: the plain form needs the raw keys
     if scale is None:
         scale = K ** -0.5
     if out is None:
@@ -261,8 +266,8 @@ def gdn_replay_decode(
             RLB = max(RLB, 16)
         _gdn_decode_kernel[(triton.cdiv(V, BV) * B * HV,)](
             *args, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BVF=BVF, RL=RL, RLB=RLB, USE_DOT=use_dot,
-            EVICT=cfg.evict_first, PHASE=phase, UNROLL=gdn_replay_unroll(), TREE=gdn_k_tree(K),
-            num_warps=num_warps, num_stages=cfg.num_stages,
+            EVICT=cfg.evict_first, PHASE=phase, UNROLL=gdn_replay_unroll(), TREE=tree,
+            RAW_K=rings.has_raw_keys, num_warps=num_warps, num_stages=cfg.num_stages,
         )
 
     bv_cfg = min(triton.next_power_of_2(V), cfg.block_v)

@@ -5,7 +5,8 @@ For each row and layer, the first `n_fold` pending entries (logical `0..n_fold-1
 order of SGLang's `fused_sigmoid_gating_delta_rule_update_kernel` (same `[BK, BV]` tile, one warp),
 so the result is bit-identical to that kernel stepped over the same tokens. In the tree form
 (K = 128 on the GPU, `configs.gdn_k_tree`) the reductions are written out in that kernel's order
-instead, and the keys come normalised from the fp32 `k` ring (gdn/common.py).
+instead, and the keys come normalised from the fp32 `k` ring (gdn/common.py); rings allocated
+for that form keep no raw keys (gdn/rings.py), and a plain-form fold on them is refused.
 
 Grid: `(cdiv(V, BV) * B * HV, Lm)`; rows with `n_fold == 0` exit at once unless a separate
 destination is given (then the checkpoint is copied there unchanged).
@@ -146,6 +147,8 @@ def gdn_replay_fold(
             raise ValueError("dst must be [Lm, S', HV, V, K] with contiguous inner dims, and dst_idx given")
     if commit is not None and (cursors is None or has_dst or has_snap):
         raise ValueError("commit needs cursors and cannot be combined with dst or snap_at")
+    tree = gdn_k_tree(K)
+    ring_key = rings.replay_keys(tree)  # refuses the plain form on rings without raw keys
     B = slot_idx.shape[0]
     if B == 0 or Lm == 0:
         return
@@ -156,8 +159,6 @@ def gdn_replay_fold(
     if from_cursors:
         row_nfold, row_origin = cursors
     grid = (triton.cdiv(V, BV) * B * HV, Lm)
-    tree = gdn_k_tree(K)
-    ring_key = rings.replay_keys(tree)
     num_accepted, tickets, t_max = commit if commit is not None else (slot_idx, slot_idx, 0)
     _gdn_fold_kernel[grid](
         state, out, rings.rawv, ring_key, rings.g, rings.beta,
@@ -185,6 +186,7 @@ def gdn_commit(state: torch.Tensor, rings: GDNRings, slot_idx: torch.Tensor, wpo
     ring_len = rings.ring_len
     if ring_len < max_draft_tokens:
         raise ValueError(f"ring_len={ring_len} is smaller than max_draft_tokens={max_draft_tokens}")
+    rings.replay_keys(gdn_k_tree(state.shape[-1]))  # refused before commit_prepare moves the cursors
     if slot_idx.shape[0] < gdn_commit_fused_below():
         if tickets.dtype != torch.int32 or tickets.shape != wpos.shape:
             raise ValueError(f"tickets must be int32 {tuple(wpos.shape)}")

@@ -11,7 +11,8 @@ With `S_c = exp(G) S0 + sum_j exp(G - G_j) u_j k_j^T` the committed state (never
     o_s  = exp(Gw_s) hq_s + sum_{j<=s} exp(Gw_s - Gw_j) (k_j . q_s) u_j
 
 All dot products are fp32 on CUDA cores (no tf32). The window's (u, k, g) and raw (v, k, beta)
-are written into the ring; the checkpoint is read only; rejected drafts are overwritten later.
+are written into the ring (raw k only where the rings keep it, `RAW_K`); the checkpoint is read
+only; rejected drafts are overwritten later.
 Grid: `(cdiv(V, BV) * B * HV,)`.
 """
 
@@ -66,7 +67,7 @@ def _gdn_verify_kernel(
     stride_rawv_slot, stride_rawk_slot, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
-    USE_DOT: tl.constexpr, TREE: tl.constexpr = False,
+    USE_DOT: tl.constexpr, TREE: tl.constexpr = False, RAW_K: tl.constexpr = True,
 ):
     i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
     first_of_group = i_hv % (HV // H) == 0
@@ -156,8 +157,9 @@ def _gdn_verify_kernel(
                 if first_of_group:
                     tl.store(ring_k + slot * stride_k_slot + (i_h * RL + phys) * K + o_k,
                              b_k_s.to(ring_k.dtype.element_ty), mask=mask_k)
-                    tl.store(ring_rawk + slot * stride_rawk_slot + (i_h * RL + phys) * K + o_k,
-                             b_k_raw, mask=mask_k)
+                    if RAW_K:
+                        tl.store(ring_rawk + slot * stride_rawk_slot + (i_h * RL + phys) * K + o_k,
+                                 b_k_raw, mask=mask_k)
 
     if USE_DOT:
         # Committed-state products for all probes at once: S_c P = dec S0 P + U^T (w * (K_ring P)).
@@ -288,7 +290,7 @@ def gdn_replay_verify(
         state.stride(0), rings.d.stride(0), rings.k.stride(0), rings.g.stride(0),
         rings.rawv.stride(0), rings.rawk.stride(0), rings.beta.stride(0),
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT, RL=RL, RLB=RLB, TREE=gdn_k_tree(K),
-        num_warps=num_warps, num_stages=num_stages, **extra,
+        RAW_K=rings.has_raw_keys, num_warps=num_warps, num_stages=num_stages, **extra,
     )
     return out
 
@@ -329,7 +331,7 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
         *sq, *sk, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         rings.k.stride(0), rings.g.stride(0), rings.rawk.stride(0), rings.beta.stride(0),
         H=H, HV=HV, K=K, BK=BK, BT=BT, RL=RL, RLB=RLB, NS=NS, ROWS=row_wp is not None, TREE=tree,
-        KC=prep_kc, num_warps=prep_warps,
+        KC=prep_kc, RAW_K=rings.has_raw_keys, num_warps=prep_warps,
     )
     _gdn_verify_state_kernel[(triton.cdiv(V, BV) * B * HV,)](
         q, k, v, out, state, rings.d, rings.rawv,

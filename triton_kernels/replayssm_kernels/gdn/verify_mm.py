@@ -40,7 +40,7 @@ def _gdn_verify_mm_kernel(
     stride_rawv_slot, stride_rawk_slot, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
-    S0_DOT: tl.constexpr = True, TREE: tl.constexpr = False,
+    S0_DOT: tl.constexpr = True, TREE: tl.constexpr = False, RAW_K: tl.constexpr = True,
 ):
     i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
 
@@ -84,7 +84,8 @@ def _gdn_verify_mm_kernel(
         if i_hv % (HV // H) == 0:
             p_rk = (i_h * RL + phys_c)[:, None] * K + o_k[None, :]
             tl.store(ring_k + slot * stride_k_slot + p_rk, b_kw.to(ring_k.dtype.element_ty), mask=m_ck)
-            tl.store(ring_rawk + slot * stride_rawk_slot + p_rk, b_kraw, mask=m_ck)
+            if RAW_K:
+                tl.store(ring_rawk + slot * stride_rawk_slot + p_rk, b_kraw, mask=m_ck)
 
     # Committed history.
     o_j = tl.arange(0, RLB)

@@ -9,8 +9,9 @@ in a scratch buffer, per (row, value head):
     C[j, s] = exp(Gw_s - Gw_j) (k_j . q_s)  for j <= s           (window readout)
     exp(Gw_s), beta_s, dec = exp(G)
 
-The prep kernel also writes the window's k, raw k, g and beta into the ring. The state kernel
-then streams each `[BV, BK]` checkpoint tile once, with a handful of `[BV]` vectors beside it:
+The prep kernel also writes the window's k, raw k (`RAW_K`: where the rings keep it), g and
+beta into the ring. The state kernel then streams each `[BV, BK]` checkpoint tile once, with a
+handful of `[BV]` vectors beside it:
 
     hk_s = dec S0 k_s + U_r^T WK[s],  hq_s likewise
     R = beta (V - exp(Gw) hk),  U = R M^T,  O = exp(Gw) hq + U C
@@ -140,7 +141,7 @@ def _gdn_verify_prep_kernel(
     stride_k_slot, stride_g_slot, stride_rawk_slot, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
     RL: tl.constexpr, RLB: tl.constexpr, NS: tl.constexpr, ROWS: tl.constexpr = False, TREE: tl.constexpr = False,
-    KC: tl.constexpr = 0,
+    KC: tl.constexpr = 0, RAW_K: tl.constexpr = True,
 ):
     i_n, i_h = tl.program_id(0) // H, tl.program_id(0) % H
     slot = tl.load(slot_idx + i_n).to(tl.int64)
@@ -170,7 +171,8 @@ def _gdn_verify_prep_kernel(
     phys_t = (org + wp + o_t) % RL
     p_rk = (i_h * RL + phys_t)[:, None] * K + o_k[None, :]
     tl.store(ring_k + slot * stride_k_slot + p_rk, b_kw.to(ring_k.dtype.element_ty), mask=m_tk)
-    tl.store(ring_rawk + slot * stride_rawk_slot + p_rk, b_kraw, mask=m_tk)
+    if RAW_K:
+        tl.store(ring_rawk + slot * stride_rawk_slot + p_rk, b_kraw, mask=m_tk)
 
     # History keys (positions j < wp, disjoint from the window's).
     phys_j = (org + o_j) % RL
