@@ -112,17 +112,25 @@ def gdn_decode_bytes_baseline(B, H, HV, K, V, act=2):
     return B * (2 * gdn_state_bytes(HV, V, K) + act * (2 * H * K + 2 * HV * V + 2 * HV))
 
 
-def gdn_decode_bytes_ours(B, H, HV, K, V, L, act=2):
+def gdn_decode_bytes_ours(B, H, HV, K, V, L, act=2, raw_keys=None):
     """Per step, amortised over a cycle of L steps: the state is read every step and written once
     per cycle; each non-flush step reads on average (L-2)/2 pending entries of d (act) and k (fp32)
-    and appends one entry to the six rings; the flush step reads L-1 raw entries (v, k, g, beta)."""
+    and appends one entry to the rings; the flush step reads L-1 entries of raw v, the replay's
+    keys, g and beta. The raw-key ring exists only in the plain replay form (`raw_keys`, default:
+    what the rings allocated now keep, gdn/rings.py); the tree and shuffle forms (the GPU default
+    at K = 128) replay from the fp32 `k` ring instead."""
+    if raw_keys is None:
+        from replayssm_kernels.gdn import gdn_keeps_raw_keys
+
+        raw_keys = gdn_keeps_raw_keys(K)
     st = gdn_state_bytes(HV, V, K)
     io = act * (2 * H * K + 2 * HV * V + 2 * HV)
     avg_pending = (L - 2) / 2 if L > 1 else 0
-    entry_out = HV * V * act + H * K * 4 + HV * 4          # d, k, g
-    entry_raw = HV * V * act + H * K * act + HV * 4        # rawv, rawk, beta
+    entry_out = HV * V * act + H * K * 4 + HV * 4                                 # d, k, g
+    entry_raw = HV * V * act + (H * K * act if raw_keys else 0) + HV * 4          # rawv, rawk, beta
+    entry_replay = HV * V * act + H * K * (act if raw_keys else 4) + 2 * HV * 4   # rawv, keys, g, beta
     nonflush = st + io + avg_pending * entry_out + entry_out + entry_raw
-    flush = 2 * st + io + (L - 1) * entry_raw
+    flush = 2 * st + io + (L - 1) * entry_replay
     return B * ((L - 1) * nonflush + flush) / L
 
 
