@@ -353,9 +353,16 @@ def memory_summary(facts: dict, fit: dict) -> dict:
 
 
 def parse_decode_lines(text: str) -> list[dict]:
-    return [dict(running=int(m.group(1)), accept_len=float(m.group(2)) if m.group(2) else None,
-                 cuda_graph=m.group(3) == "True", gen_throughput=float(m.group(4)))
-            for m in _DECODE_RE.finditer(text)]
+    """Decode-batch lines in log order. SGLang's `gen throughput` is the tokens generated since the
+    previous decode-batch line over the time since it, so a window is a clean decode-step rate only
+    when a previous decode line opened it and no prefill batch ran inside it (`clean`)."""
+    out, prev_end = [], None
+    for m in _DECODE_RE.finditer(text):
+        clean = prev_end is not None and _PREFILL_RE.search(text, prev_end, m.start()) is None
+        out.append(dict(running=int(m.group(1)), accept_len=float(m.group(2)) if m.group(2) else None,
+                        cuda_graph=m.group(3) == "True", gen_throughput=float(m.group(4)), clean=clean))
+        prev_end = m.end()
+    return out
 
 
 def decode_line_summary(lines: list[dict], concurrency: int) -> dict:
@@ -365,11 +372,15 @@ def decode_line_summary(lines: list[dict], concurrency: int) -> dict:
     use = at_c or lines
     if not use:
         return dict(lines=0, lines_at_c=0, server_gen_throughput=None, cuda_graph_share=None, max_running=None,
-                    server_accept_len=None)
+                    server_accept_len=None, clean_lines_at_c=0, server_gen_throughput_clean=None)
     acc = [ln["accept_len"] for ln in use if ln["accept_len"] is not None]
+    clean = [ln["gen_throughput"] for ln in at_c if ln.get("clean")]
     return dict(
         lines=len(lines), lines_at_c=len(at_c),
         server_gen_throughput=statistics.median(ln["gen_throughput"] for ln in use),
+        # Windows at C with no prefill inside: the decode steps alone (None when the case had none).
+        clean_lines_at_c=len(clean),
+        server_gen_throughput_clean=statistics.median(clean) if clean else None,
         cuda_graph_share=sum(ln["cuda_graph"] for ln in use) / len(use),
         max_running=max(ln["running"] for ln in lines),
         server_accept_len=statistics.median(acc) if acc else None,
@@ -839,13 +850,17 @@ def markdown_report(cases: list[dict], servers: list[dict], runs: list[dict]) ->
         # The servers' own rates (log lines of the case): decode steps at C and large prefill batches
         # separately, since a side can win one and lose the other.
         srv_hdr = (["C"] + [f"{s} decode gen tok/s (log)" for s in sides]
+                   + [f"{s} decode-only windows tok/s (log, n)" for s in sides]
                    + [f"{s} prefill in tok/s (log)" for s in sides])
         srv_rows = []
         for c in sorted({c for s in sides for c in group[s]}):
             logs = [(group[s].get(c) or {}).get("server_log") or {} for s in sides]
-            if not any(lg.get("server_gen_throughput") or lg.get("prefill_input_tps_median") for lg in logs):
+            if not any(lg.get("server_gen_throughput") or lg.get("server_gen_throughput_clean")
+                       or lg.get("prefill_input_tps_median") for lg in logs):
                 continue
             srv_rows.append([str(c)] + [_f(lg.get("server_gen_throughput")) for lg in logs]
+                            + [f"{_f(lg.get('server_gen_throughput_clean'))} ({lg.get('clean_lines_at_c', 0)})"
+                               for lg in logs]
                             + [_f(lg.get("prefill_input_tps_median")) for lg in logs])
         if srv_rows:
             lines.append("| " + " | ".join(srv_hdr) + " |")
@@ -939,6 +954,16 @@ def short_table(cases: list[dict]) -> str:
                 cells.append(f"{v:>10}")
             out.append(f"{row['concurrency']:>5} " + " ".join(cells) + " "
                        + " ".join(f"{_f(row[n], 3, 'x'):>14}" for n in sp))
+        # The servers' decode-only log windows (no prefill inside), where every side has one.
+        for c in sorted({c for s in sides for c in group[s]}):
+            rates = {s: ((group[s].get(c) or {}).get("server_log") or {}).get("server_gen_throughput_clean")
+                     for s in sides}
+            if not any(rates.values()):
+                continue
+            ratios = [f"{_f(rates[a] / rates[b], 3, 'x') if rates.get(a) and rates.get(b) else '-':>14}"
+                      for n, a, b in SPEEDUPS[study] if n in sp]
+            out.append(f"{c:>5} " + " ".join(f"{_f(rates[s], 0):>10}" for s in sides) + " " + " ".join(ratios)
+                       + "  (decode-only log windows, tok/s)")
     return "\n".join(out) if out else "(no successful cases yet)"
 
 

@@ -397,12 +397,15 @@ step_spec256() {
   # SGLang's own --enable-linear-replayssm-spec beside them, with SPEC_UPSTREAM_ARGS as
   # DECODE_UPSTREAM_ARGS (its spec rings are allocated after the KV cache too; never run yet: if
   # 0.825 is not low enough, the failed case gives the fraction its log calls for).
+  # SPEC_CONC (default 256,128) and SPEC_ARGS (more bench_serving flags, word-split): e.g.
+  # SPEC_CONC=256 SPEC_ARGS="--output-len 1024", so that the decode steps outweigh the two waves of
+  # prefill (session 25: at output 256 each case logged one decode-only window per side).
   local layers=() up=()
   [ -n "${SPEC_SSM_LAYERS:-}" ] && layers=(--ssm-layers "$SPEC_SSM_LAYERS")
   case ",${SPEC_SIDES:-stock,ours}," in
     *,upstream,*) up=("--upstream-args=${SPEC_UPSTREAM_ARGS---mem-fraction-static=0.825}") ;;
   esac
-  run "${BENCH[@]}" --model gdn --study spec "${layers[@]}" --only "${SPEC_SIDES:-stock,ours}" --concurrency 256,128 "${up[@]}" \
+  run "${BENCH[@]}" --model gdn --study spec "${layers[@]}" --only "${SPEC_SIDES:-stock,ours}" --concurrency "${SPEC_CONC:-256,128}" "${up[@]}" ${SPEC_ARGS:-} \
     --server-args="${SPEC_POOL_ARGS:---max-mamba-cache-size 1300 --max-running-requests 256}" \
     --out /tmp/b_spec256 --pack "$OUT/spec256.tgz" --time-budget $(( $(left) - 30 ))
 }

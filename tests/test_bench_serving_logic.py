@@ -168,6 +168,25 @@ def test_decode_lines():
     assert bs.decode_line_summary([], 1)["server_gen_throughput"] is None
 
 
+def test_decode_only_windows():
+    """A decode-batch line's rate covers the time since the previous decode line: it is a decode-step
+    rate only when that previous line exists and no prefill batch ran in between (session 25's
+    spec cases: one such window per side, 1.19x, while the median over all windows said 0.77x)."""
+    pre = ("[x] Prefill batch, #new-seq: 16, #new-token: 8192, #cached-token: 0, token usage: 0.01, "
+           "#running-req: 1, #queue-req: 0, input throughput (token/s): 95000.00\n")
+    d = DECODE_LINES.splitlines(keepends=True)
+    text = pre + d[0] + pre + d[1] + d[2] + d[3]
+    lines = bs.parse_decode_lines(text)
+    assert [ln["clean"] for ln in lines] == [False, False, True, True]
+    s = bs.decode_line_summary(lines, 8)
+    assert s["clean_lines_at_c"] == 1 and s["server_gen_throughput_clean"] == 1000.0
+    assert s["server_gen_throughput"] == 1000.0  # the median over all windows at C keeps its meaning
+    # The first line of a slice has no previous decode line in it: never clean.
+    assert bs.parse_decode_lines(d[0] + d[1])[0]["clean"] is False
+    assert bs.decode_line_summary(bs.parse_decode_lines(pre + d[3]), 3)["server_gen_throughput_clean"] is None
+    assert bs.decode_line_summary([], 1)["clean_lines_at_c"] == 0
+
+
 # ----------------------------------------------------------------------------------------------
 # Metrics
 # ----------------------------------------------------------------------------------------------
@@ -251,6 +270,12 @@ def test_report_speedups_and_notes():
     assert rows[0]["ours/nospec"] == pytest.approx(2.2) and rows[0]["stock/nospec"] == pytest.approx(2.0)
     assert rows[0]["ours/upstream"] is None
     assert "330/3.00" in bs.short_table(spec)
+    assert "decode-only" not in bs.short_table(spec)  # no such window logged: no line
+    spec[0]["server_log"].update(server_gen_throughput_clean=20000.0, clean_lines_at_c=1)
+    spec[1]["server_log"].update(server_gen_throughput_clean=24000.0, clean_lines_at_c=2)
+    table = bs.short_table(spec)
+    assert "1.200x" in table.splitlines()[-1] and "decode-only log windows" in table.splitlines()[-1]
+    assert "24000.0 (2)" in bs.markdown_report(spec, [], [])
     assert bs.short_table([]) == "(no successful cases yet)"
 
 

@@ -138,6 +138,29 @@ def test_sides_knobs_reach_the_serving_commands(tmp_path, monkeypatch):
     assert parser.parse_args(["--model-path", "m", *shlex.split(upstream_args[0])]).mem_fraction_static == 0.825
 
 
+def test_spec_conc_and_args_reach_the_spec_command(tmp_path, monkeypatch):
+    """SPEC_CONC / SPEC_ARGS set the spec study's concurrencies and extra flags (e.g. a longer output,
+    so that the decode steps outweigh the prefill waves); without them the study keeps 256,128 at
+    bench_serving's default output length."""
+    bs = load_script("bench_serving")
+
+    def spec(extra):
+        for k in ("SPEC_CONC", "SPEC_ARGS"):
+            monkeypatch.delenv(k, raising=False)
+        for k, v in extra.items():
+            monkeypatch.setenv(k, v)
+        r = _dry(tmp_path, "spec256")
+        assert r.returncode == 0, r.stderr
+        (cmd,) = [c for c in _commands(r.stdout) if "scripts/bench_serving.py" in c]
+        return bs.parse_args(cmd[cmd.index("scripts/bench_serving.py") + 1:])
+
+    default_out = bs.parse_args(["--model", "gdn", "--out", str(tmp_path / "b")]).output_len
+    a = spec({})
+    assert (a.concurrency, a.output_len) == ("256,128", default_out)
+    a = spec({"SPEC_CONC": "256", "SPEC_ARGS": "--output-len 1024"})
+    assert (a.concurrency, a.output_len, a.study) == ("256", 1024, "spec")
+
+
 def test_unknown_step_is_refused(tmp_path):
     r = _dry(tmp_path, "spec_c1", "nonsense")
     assert r.returncode == 2 and "unknown step nonsense" in r.stderr
