@@ -29,7 +29,10 @@ throughput (completion tokens / wall time from the first send to the last finish
 ((latency - TTFT) / (tokens - 1) per request; mean, median, p90, p99), TTFT, the token-weighted
 accept length (completion tokens / verify steps, from /generate meta_info), and from the server
 log the median "gen throughput" and the CUDA-graph share of the decode-batch lines logged while
-the case ran with #running-req == C.
+the case ran with #running-req == C, and the median over those of its windows with no prefill
+batch inside (the decode steps alone). The case record also keeps each request's send time,
+TTFT and latency, and when the client sent the second wave against when the first ended (a
+stall in the arrivals shows there, and the report notes it).
 
 Server facts (from each server's log): max_running_requests, KV tokens, mamba slots, ssm/conv
 state, the stock spec server's intermediate_ssm cache, the ReplaySSM ring bytes ("ReplaySSM pool
@@ -435,6 +438,37 @@ def summarize_requests(reqs: list[dict], duration_s: float, concurrency: int) ->
     )
 
 
+WAVE_SPREAD_NOTE_S = 0.25  # a second wave sent over longer than this gets a note in the report
+
+
+def wave_timing(reqs: list[dict], concurrency: int) -> dict:
+    """When the client sent the second wave, against when the first wave ended (closed loop: each
+    of the C client slots sends its next request when its previous one ends).
+
+    `wave1_end_spread_s`: first to C-th end among the first C requests sent; `wave2_send_spread_s`:
+    first to last send among requests C..2C-1; `client_lag_max_s`: the largest delay between the
+    i-th first-wave end and the i-th second-wave send (both sorted), i.e. time the client itself
+    added. A long send spread with a short lag means the server delivered the first wave's ends
+    spread out; a long lag, the client was late. None without two full waves."""
+    rs = [r for r in reqs if r.get("t_send_s") is not None and r.get("latency_s") is not None]
+    if concurrency < 1 or len(rs) < 2 * concurrency:
+        return dict(wave1_end_spread_s=None, wave2_send_spread_s=None, client_lag_max_s=None)
+    rs.sort(key=lambda r: r["t_send_s"])
+    ends = sorted(r["t_send_s"] + r["latency_s"] for r in rs[:concurrency])
+    sends = [r["t_send_s"] for r in rs[concurrency:2 * concurrency]]
+    return dict(wave1_end_spread_s=ends[-1] - ends[0], wave2_send_spread_s=sends[-1] - sends[0],
+                client_lag_max_s=max(max(s - e for s, e in zip(sends, ends)), 0.0))
+
+
+def request_timeline(reqs: list[dict]) -> list[list]:
+    """[send s, TTFT s, latency s, output tokens] per request in send order (ms resolution), kept in
+    the case record so that arrival stalls can be traced after the run."""
+    rows = [[round(r["t_send_s"], 3), None if r.get("ttft_s") is None else round(r["ttft_s"], 3),
+             None if r.get("latency_s") is None else round(r["latency_s"], 3), r.get("output_tokens", 0)]
+            for r in reqs if r.get("t_send_s") is not None]
+    return sorted(rows, key=lambda x: x[0])
+
+
 def num_prompts_for(concurrency: int, rounds: int, min_prompts: int) -> int:
     return max(concurrency * rounds, min_prompts, 1)
 
@@ -604,6 +638,7 @@ async def _run_load(host: str, port: int, prompts: list[list[int]], output_len: 
 
     async def one(p):
         async with sem:
+            t_send = time.perf_counter() - t0
             payload = {"input_ids": p, "stream": True,
                        "sampling_params": {"temperature": 0, "max_new_tokens": output_len, "ignore_eos": True}}
             timeout = None if deadline is None else deadline - time.time()
@@ -614,6 +649,7 @@ async def _run_load(host: str, port: int, prompts: list[list[int]], output_len: 
                     r = await asyncio.wait_for(stream_generate(host, port, payload), timeout)
                 except asyncio.TimeoutError:
                     r = dict(ok=False, error="time budget used up", output_tokens=0)
+            r["t_send_s"] = t_send  # from the start of the load: when its slot in the window opened
             if progress:
                 progress.update()
             return r
@@ -842,6 +878,11 @@ def markdown_report(cases: list[dict], servers: list[dict], runs: list[dict]) ->
                 share = srv.get("cuda_graph_share")
                 if share is not None and share < 1.0:
                     warn.append(f"{s} C={c}: CUDA graph on {share:.0%} of the decode-batch lines")
+                spread = (case.get("metrics") or {}).get("wave2_send_spread_s")
+                if spread is not None and spread > WAVE_SPREAD_NOTE_S:
+                    m = case["metrics"]
+                    warn.append(f"{s} C={c}: second wave sent over {spread:.2f} s (first wave ended over "
+                                f"{m['wave1_end_spread_s']:.2f} s, client lag <= {m['client_lag_max_s']:.2f} s)")
                 fit = (case.get("fit") or {}).get("fit")
                 if fit is not None and c > fit:
                     warn.append(f"{s} C={c}: above the server's admitted concurrency ({fit})")
@@ -1405,6 +1446,7 @@ def run_side(a, out: Path, model: dict, side: str, concs: list[int], end_time: f
                 _diag_touch(a.diag, "reset")  # the samplers start this case's window
             probe = host_probe_start()
             off = len(e2e._read(str(log_path)))
+            timeline = None
             if a.client == "sglang":
                 outfile = out / "logs" / f"{cid}__sglang_client.jsonl"
                 ccmd = sglang_client_cmd(a.python, f"http://{a.host}:{port}", model["dir"], a.input_len,
@@ -1421,7 +1463,8 @@ def run_side(a, out: Path, model: dict, side: str, concs: list[int], end_time: f
             else:
                 reqs, dur = run_load(a.host, port, prompts, a.output_len, c, deadline, desc=f"{side} C={c}",
                                      quiet=a.quiet)
-                metrics = summarize_requests(reqs, dur, c)
+                metrics = {**summarize_requests(reqs, dur, c), **wave_timing(reqs, c)}
+                timeline = request_timeline(reqs)
                 reqs_failed = metrics["failed"]
                 err = None if reqs_failed == 0 else f"{reqs_failed}/{n} requests failed: {metrics['errors']}"
             if err and side == "upstream":
@@ -1441,6 +1484,8 @@ def run_side(a, out: Path, model: dict, side: str, concs: list[int], end_time: f
                 fit=fit, server_cmd=cmd, log=server_rec["log"], gpu=meta["gpu"], date=meta["date"],
                 command=meta["command"], sglang_version=meta["sglang_version"], case_wall_s=time.time() - t_case,
                 diag=diag_dir, gpu_profile=gpu_prof, host=host, side_order=meta.get("side_order"),
+                # The case's part of the server log (character offsets), and the requests' timeline.
+                log_span=[off, off + len(log_slice)], timeline=timeline,
             )
             write_json(case_path(out, cid), rec)
             last_case_s = time.time() - t_case
@@ -1451,6 +1496,10 @@ def run_side(a, out: Path, model: dict, side: str, concs: list[int], end_time: f
                       + (f", accept {m['accept_length']:.2f}" if m.get("accept_length") else "")
                       + f" ({n} requests, {last_case_s:.0f} s)", flush=True)
                 print(f"[{side}] C={c}: {host_line(host)}", flush=True)
+                if m.get("wave2_send_spread_s") is not None:
+                    print(f"[{side}] C={c}: first wave ended over {m['wave1_end_spread_s']:.3f} s, second wave sent "
+                          f"over {m['wave2_send_spread_s']:.3f} s (client lag <= {m['client_lag_max_s']:.3f} s)",
+                          flush=True)
             else:
                 stats["failed"] += 1
                 print(f"[{side}] C={c}: FAILED {err}", flush=True)

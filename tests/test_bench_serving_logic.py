@@ -201,6 +201,26 @@ def test_percentile_matches_numpy_linear():
     assert bs.percentile([], 50) is None
 
 
+def test_wave_timing():
+    """Two waves of 3: the first ends over 0.1 s; the second is sent over 0.5 s, 0.4 s after the last
+    first-wave end at worst, which is client lag."""
+    first = [dict(t_send_s=0.0, latency_s=1.0), dict(t_send_s=0.0, latency_s=1.05),
+             dict(t_send_s=0.01, latency_s=1.09)]
+    second = [dict(t_send_s=1.0, latency_s=1.0), dict(t_send_s=1.05, latency_s=1.0),
+              dict(t_send_s=1.5, latency_s=1.0)]
+    w = bs.wave_timing(second + first, 3)  # any order in, sorted by send time inside
+    assert w["wave1_end_spread_s"] == pytest.approx(0.1)
+    assert w["wave2_send_spread_s"] == pytest.approx(0.5)
+    assert w["client_lag_max_s"] == pytest.approx(0.4)
+    assert bs.wave_timing(first, 3)["wave2_send_spread_s"] is None  # one wave only
+    assert bs.request_timeline(second)[2] == [1.5, None, 1.0, 0]
+    cases = [_case("stock", 8, 100.0), _case("ours", 8, 90.0)]
+    cases[1]["metrics"].update(w)
+    md = bs.markdown_report(cases, [], [])
+    assert "ours C=8: second wave sent over 0.50 s (first wave ended over 0.10 s, client lag <= 0.40 s)" in md
+    assert "stock C=8: second wave" not in md
+
+
 def test_summarize_requests():
     reqs = [
         dict(ok=True, ttft_s=0.1, latency_s=1.1, output_tokens=11, verify_ct=4),   # TPOT 100 ms
@@ -350,6 +370,13 @@ def test_stream_client(mode):
         assert m["accept_length"] == pytest.approx(2.0) and m["median_tpot_ms"] >= 1.5
         # At most 3 in flight: 6 requests take two waves of >= 20 ms each.
         assert dur >= 0.04
+        # The second wave is sent as the first ends (closed loop): the sends of requests 3-5 come
+        # after the first three ended, with little client lag.
+        sends = sorted(r["t_send_s"] for r in reqs)
+        assert sends[2] < 0.02 and sends[3] >= 0.02
+        w = bs.wave_timing(reqs, 3)
+        assert w["client_lag_max_s"] < 0.5 and w["wave2_send_spread_s"] >= 0.0
+        assert [row[3] for row in bs.request_timeline(reqs)] == [10] * 6
     finally:
         srv.shutdown()
 
@@ -551,6 +578,10 @@ def test_decode_sweep_resume_and_report(fake, capsys):
     assert ours4["metrics"]["total_output_tokens"] == 8 * 12
     assert ours4["fit"]["fit"] == 290 and ours4["fit"]["by_kv"] == 100000 // 20
     assert ours4["server_log"]["lines"] > 0 and ours4["server_log"]["cuda_graph_share"] == 1.0
+    # The record keeps the requests' timeline (two waves of 4) and where its log slice lies.
+    assert len(ours4["timeline"]) == 8 and ours4["metrics"]["wave2_send_spread_s"] is not None
+    lo, hi = ours4["log_span"]
+    assert 0 <= lo < hi and "Decode batch" in (out / ours4["log"]).read_text()[lo:hi]
     assert "--mamba-backend replayssm" in " ".join(ours4["server_cmd"])
     assert "--load-format dummy" in " ".join(ours4["server_cmd"])
     up = cases["gdn__decode__upstream__c1__i8o12"]
