@@ -3,8 +3,10 @@
 # (--mamba-backend replayssm) for {qwen3_next, nemotron_h} x {no spec, NEXTN}, with
 # scripts/e2e_parity.py (one process per case; cases run concurrently on the one GPU).
 #
-# The wheels do not fit one carry (64 MiB), so this takes two device calls issued back to back
-# (a machine stays warm only ~30 s after a call; see /work/shared/devtools/README.md):
+# One call with carry [".site"] (scripts/device_site_pack.sh packs both wheel folders as one
+# ~40 MiB archive): bash scripts/device_e2e.sh run [CASE ...]. Without it the wheels do not fit one
+# carry (64 MiB), so it takes two device calls issued back to back (a machine stays warm only
+# ~30 s after a call; see /work/shared/devtools/README.md):
 #   call 1, carry [".whl"]:            bash scripts/device_e2e.sh install
 #   call 2, carry [".whl2", ".tiny"]:  bash scripts/device_e2e.sh run [CASE ...]
 # CASE: qwen3_next | qwen3_next:nextn | nemotron_h | nemotron_h:nextn (default: all four); a
@@ -93,6 +95,18 @@ install_folder() {  # install_folder DIR: pip-install DIR/*.whl into $SITE once 
   touch "$marker"
 }
 
+install_site_archive() {  # .site/site.tar.xz (scripts/device_site_pack.sh): both wheel folders in one carry
+  local a="$REPO/.site/site.tar.xz" marker="$SITE/.installed_site"
+  [ -f "$a" ] || return 0
+  if [ -e "$marker" ]; then log ".site already unpacked"; return 0; fi
+  log "unpacking .site ($(du -sm "$a" | cut -f1) MiB)"
+  mkdir -p "$SITE"
+  "$PY" -c "import sys, tarfile; tarfile.open(sys.argv[1], 'r:xz').extractall(sys.argv[2], filter='tar')" \
+    "$a" "$SITE" || die "unpacking $a failed"
+  # The folders it holds count as installed (a later .whl/.whl2 carry is not installed over it).
+  touch "$marker" "$SITE/.installed_.whl" "$SITE/.installed_.whl2"
+}
+
 install_plugin() {
   # The plugin runs from the repo copy (PYTHONPATH); SGLang finds it through the
   # `sglang.srt.plugins` entry point, so write a minimal dist-info carrying pyproject's entry points.
@@ -124,9 +138,10 @@ EOF
 
 do_install() {
   setup_env
+  install_site_archive
   install_folder .whl
   install_folder .whl2
-  [ -d "$SITE/sglang" ] || die "sglang is not in $SITE after install (carry .whl)"
+  [ -d "$SITE/sglang" ] || die "sglang is not in $SITE after install (carry .site, or .whl then .whl2)"
   log "install done"
 }
 

@@ -7,7 +7,8 @@
 #
 # (All three parts do not fit the 10-minute call limit together: tests ~3 min, profile ~1 min,
 # bench ~6-8 min.)
-# .whl is built by ../shared/devtools/sglang_device_wheels.sh (SGLang 0.5.17 for the baselines).
+# .whl is built by ../shared/devtools/sglang_device_wheels.sh (SGLang 0.5.17 for the baselines);
+# carry .site instead (scripts/device_site_pack.sh) to have the whole server set in the same call.
 # Writes $OUT/{kernel_tests.log, profile_gdn.log, bench.log, bench.json}; prints the tables last.
 # Parts: tests | gdntests (GDN only) | profile | bench | m2profile (default: the first three; m2profile: the Mamba-2
 # per-phase profile, $OUT/profile_m2.{log,json}; M2PROFILE_ARGS adds flags).
@@ -20,7 +21,11 @@ OUT=${OUT:-/tmp/kernels_out}
 mkdir -p "$OUT"
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
-if [ -d .whl ]; then
+if [ -f .site/site.tar.xz ] && [ ! -e /tmp/site/.installed_site ]; then
+  # scripts/device_site_pack.sh: both wheel folders in one carry (device_e2e.sh unpacks it the same way).
+  mkdir -p /tmp/site && python3 -c "import sys, tarfile; tarfile.open(sys.argv[1], 'r:xz').extractall(sys.argv[2], filter='tar')" \
+    .site/site.tar.xz /tmp/site && touch /tmp/site/.installed_site /tmp/site/.installed_.whl /tmp/site/.installed_.whl2
+elif [ -d .whl ] && [ ! -e /tmp/site/.installed_site ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -1
 fi
 export PYTHONPATH=/tmp/site:$REPO/triton_kernels:$REPO PATH=/opt/torch/.venv/bin:$PATH HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1

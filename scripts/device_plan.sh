@@ -4,8 +4,10 @@
 #
 #   run(command="bash scripts/device_plan.sh STEP [STEP ...]", carry=[...])
 #
-# Steps (carry in brackets; the first call on a fresh machine must carry .whl, the next .whl2):
-#   install        SGLang wheels into /tmp/site                          [.whl] then [.whl2]
+# Steps (carry in brackets; on a fresh machine carry .site, built here by
+# scripts/device_site_pack.sh, which holds .whl and .whl2 and fits one carry; else the first call
+# carries .whl and the next, at once, .whl2):
+#   install        SGLang wheels into /tmp/site                          [.site] or [.whl] then [.whl2]
 #   kernels        GDN + Mamba-2 kernel tests on the GPU                  [.whl]
 #   m2_profile     Mamba-2 decode per phase (non-flush / flush step) per plan and unroll  [.whl]
 #   m2_sweep       Mamba-2 decode plans (split plans, chunked tiles) and verify tiles vs SGLang's
