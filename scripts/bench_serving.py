@@ -1211,7 +1211,8 @@ def gpu_profile_case(a, port: int, prompts: list, concurrency: int, dst: Path) -
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, help="results folder (cases/, servers/, logs/, models/, report.md, plots/)")
+    p.add_argument("--out", default=None, help="results folder (cases/, servers/, logs/, models/, report.md, plots/); "
+                   "required except with --log-windows")
     p.add_argument("--model", choices=sorted(MODELS), default="gdn")
     p.add_argument("--model-dir", default=None,
                    help="use this checkpoint instead of building one (give --tag; weights as --weights says)")
@@ -1259,6 +1260,9 @@ def parse_args(argv=None):
     p.add_argument("--no-warmup", action="store_true", help="skip the per-case warm-up (C requests, 2 tokens)")
     p.add_argument("--redo", action="store_true", help="rerun cases that are already done")
     p.add_argument("--report-only", action="store_true")
+    p.add_argument("--log-windows", nargs="+", default=None, metavar="LOG",
+                   help="print every decode-batch line of these server logs (running requests, gen tok/s, "
+                        "whether its window held no prefill) and exit; nothing is launched")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--pack", default=None, metavar="TGZ",
                    help="at the end, write OUT (without models/) as this .tar.gz and report.md beside it "
@@ -1283,6 +1287,8 @@ def parse_args(argv=None):
                    help="do not launch a server with less time left than this (startup + a first case)")
     p.add_argument("--python", default=sys.executable, help="interpreter for sglang.launch_server and the builder")
     a = p.parse_args(argv)
+    if a.out is None and a.log_windows is None:
+        p.error("the following arguments are required: --out")
     try:
         a.concurrency_list = sorted({int(x) for x in a.concurrency.split(",") if x.strip()})
     except ValueError:
@@ -1630,8 +1636,26 @@ def _diag_collect(folder: str, dst: Path) -> str:
     return str(dst)
 
 
+def print_log_windows(paths: list[str]) -> int:
+    """The decode-batch windows of server logs, one line each, then the median of the decode-only
+    ones per running count (how serving.md session 25 read its logs)."""
+    for path in paths:
+        lines = parse_decode_lines(e2e._read(path))
+        print(f"== {path}: {len(lines)} decode-batch lines")
+        for ln in lines:
+            print(f"  running {ln['running']:>5}  gen {ln['gen_throughput']:>10.1f} tok/s  "
+                  + ("decode-only" if ln["clean"] else "prefill or start inside"))
+        for r in sorted({ln["running"] for ln in lines}):
+            clean = [ln["gen_throughput"] for ln in lines if ln["running"] == r and ln["clean"]]
+            if clean:
+                print(f"  running {r}: decode-only median {statistics.median(clean):.1f} tok/s over {len(clean)}")
+    return 0
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
+    if a.log_windows:
+        return print_log_windows(a.log_windows)
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     if a.report_only:

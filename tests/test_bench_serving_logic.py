@@ -187,6 +187,20 @@ def test_decode_only_windows():
     assert bs.decode_line_summary([], 1)["clean_lines_at_c"] == 0
 
 
+def test_log_windows_cli(tmp_path, capsys):
+    """`--log-windows LOG` reads server logs without --out and launches nothing."""
+    pre = ("[x] Prefill batch, #new-seq: 16, #new-token: 8192, #cached-token: 0, token usage: 0.01, "
+           "#running-req: 1, #queue-req: 0, input throughput (token/s): 95000.00\n")
+    d = DECODE_LINES.splitlines(keepends=True)
+    log = tmp_path / "server.log"
+    log.write_text(pre + d[0] + d[1] + pre + d[2])
+    assert bs.main(["--log-windows", str(log)]) == 0
+    out = capsys.readouterr().out
+    assert "3 decode-batch lines" in out and "running 8: decode-only median 1100.0 tok/s over 1" in out
+    with pytest.raises(SystemExit):
+        bs.parse_args(["--model", "gdn"])  # --out is still required for a run
+
+
 # ----------------------------------------------------------------------------------------------
 # Metrics
 # ----------------------------------------------------------------------------------------------
