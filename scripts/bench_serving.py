@@ -1001,8 +1001,7 @@ def short_table(cases: list[dict]) -> str:
                      for s in sides}
             if not any(rates.values()):
                 continue
-            ratios = [f"{_f(rates[a] / rates[b], 3, 'x') if rates.get(a) and rates.get(b) else '-':>14}"
-                      for n, a, b in SPEEDUPS[study] if n in sp]
+            ratios = [f"{_f(_ratio(rates.get(a), rates.get(b)), 3, 'x'):>14}" for n, a, b in SPEEDUPS[study] if n in sp]
             out.append(f"{c:>5} " + " ".join(f"{_f(rates[s], 0):>10}" for s in sides) + " " + " ".join(ratios)
                        + "  (decode-only log windows, tok/s)")
     return "\n".join(out) if out else "(no successful cases yet)"
@@ -1646,9 +1645,10 @@ def print_log_windows(paths: list[str]) -> int:
             print(f"  running {ln['running']:>5}  gen {ln['gen_throughput']:>10.1f} tok/s  "
                   + ("decode-only" if ln["clean"] else "prefill or start inside"))
         for r in sorted({ln["running"] for ln in lines}):
-            clean = [ln["gen_throughput"] for ln in lines if ln["running"] == r and ln["clean"]]
-            if clean:
-                print(f"  running {r}: decode-only median {statistics.median(clean):.1f} tok/s over {len(clean)}")
+            sm = decode_line_summary(lines, r)
+            if sm["server_gen_throughput_clean"] is not None:
+                print(f"  running {r}: decode-only median {sm['server_gen_throughput_clean']:.1f} tok/s over "
+                      f"{sm['clean_lines_at_c']}")
     return 0
 
 

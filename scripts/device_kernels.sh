@@ -21,13 +21,10 @@ OUT=${OUT:-/tmp/kernels_out}
 mkdir -p "$OUT"
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
-if [ -f .site/site.tar.xz ] && [ ! -e /tmp/site/.installed_site ]; then
-  # scripts/device_site_pack.sh: both wheel folders in one carry (device_e2e.sh unpacks it the same way).
-  mkdir -p /tmp/site && python3 -c "import sys, tarfile; tarfile.open(sys.argv[1], 'r:xz').extractall(sys.argv[2], filter='tar')" \
-    .site/site.tar.xz /tmp/site && touch /tmp/site/.installed_site /tmp/site/.installed_.whl /tmp/site/.installed_.whl2
-elif [ -d .whl ] && [ ! -e /tmp/site/.installed_site ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -1
-fi
+# SGLang into /tmp/site from whatever was carried (.site, or .whl), once per machine: the same
+# install as device_e2e.sh's (it stops with the carry to give when SGLang is missing).
+# shellcheck disable=SC1091
+source "$REPO/scripts/device_e2e.sh" install
 export PYTHONPATH=/tmp/site:$REPO/triton_kernels:$REPO PATH=/opt/torch/.venv/bin:$PATH HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 PARTS=${*:-tests profile bench}
 has() { case " $PARTS " in *" $1 "*) return 0;; *) return 1;; esac; }
