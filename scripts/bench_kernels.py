@@ -168,10 +168,11 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
     from sglang.kernels.ops.attention.fla.gdn_replayssm_spec_fold import commit_gdn_replayssm_fold_all_layers
     from sglang.kernels.ops.mamba.mamba_state_scatter_triton import fused_mamba_state_scatter_with_mask
 
-    from replayssm_kernels import decode_prepare
+    from replayssm_kernels import decode_prepare, decode_row_order
     from replayssm_kernels.configs import (
         GDN_UNROLL_SWEEP,
         gdn_decode_config,
+        gdn_flush_spread,
         gdn_verify_config,
         override,
         ring_min_batch,
@@ -237,13 +238,23 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
             for j in range(L):
                 snaps.append([tuple(t.clone() for t in decode_prepare(slots[i], wpos, L)) for i in range(sets)])
             o2 = torch.empty(B, HV, V, device=dev, dtype=act)
+            # The launch's row order per snapshot (configs.gdn_flush_spread, as the backend), made
+            # before the timing, as the backend makes it once per batch outside the graph.
+            spread, orders = gdn_flush_spread(), {}
+
+            def add_orders(snap_sets):
+                for per_set in snap_sets:
+                    for _, rf in per_set:
+                        orders[id(rf)] = decode_row_order(rf, spread) if spread >= 0 else None
+            add_orders(snaps)
 
             def ours_decode():
                 for j in range(L):
                     for i in range(sets):
                         q, k, v = split(mixed[i])
                         gdn_replay_decode(q, k, v, av[i], bv[i], A_log, dt_bias, state, rings, slots[i],
-                                          snaps[j][i][0], snaps[j][i][1], origin, out=o2)
+                                          snaps[j][i][0], snaps[j][i][1], origin, out=o2,
+                                          row_order=orders[id(snaps[j][i][1])])
             for cfg in DECODE_CONFIGS:
                 with override("gdn_decode", cfg):
                     row["decode_ours_us_" + "x".join(map(str, cfg))] = time_graph(ours_decode, sets * L, reps)
@@ -252,6 +263,7 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
             row["decode_ours_us"] = row["decode_ours_us_" + row["decode_ours_cfg"]]
             snaps_sync = snaps
             snaps = staggered_snaps(B, L, sets, dev)
+            add_orders(snaps)
             for cfg in DECODE_CONFIGS:
                 with override("gdn_decode", cfg):
                     row["decode_ours_staggered_us_" + "x".join(map(str, cfg))] = time_graph(ours_decode, sets * L, reps)

@@ -14,6 +14,7 @@
 # per-phase profile, $OUT/profile_m2.{log,json}; M2PROFILE_ARGS adds flags).
 # Env: GDNPROFILE_ARGS / GDNPROFILE_TIMEOUT (extra profile_gdn_phases.py flags, seconds; default 150),
 #      GDNTESTS_TIMEOUT (seconds for gdntests, default 240; session 16 ran them in 195 s),
+#      GDNTESTS_K (a pytest -k expression: a subset of the GDN kernel tests),
 #      BENCH_ARGS (extra bench_kernels.py flags, e.g. "--sweep" or "--family gdn"),
 #      BENCH_TIMEOUT (seconds for the benchmark, default 540).
 set -uo pipefail
@@ -35,7 +36,8 @@ if has tests; then
   echo "kernel tests rc=$? ($(tail -1 "$OUT/kernel_tests.log"))"
 fi
 if has gdntests; then
-  timeout "${GDNTESTS_TIMEOUT:-240}" python3 -m pytest tests/test_gdn_kernels.py -q -p no:cacheprovider > "$OUT/gdn_tests.log" 2>&1
+  timeout "${GDNTESTS_TIMEOUT:-240}" python3 -m pytest tests/test_gdn_kernels.py -q -p no:cacheprovider \
+    ${GDNTESTS_K:+-k "$GDNTESTS_K"} > "$OUT/gdn_tests.log" 2>&1
   echo "gdn kernel tests rc=$? ($(tail -1 "$OUT/gdn_tests.log"))"
 fi
 if has profile; then

@@ -22,6 +22,8 @@
 #                  it on, decode/fold phases at batch 256 plain vs shuffle, the benchmark with it  [.whl]
 #   gdn_dot        the GDN verify's state launch on tensor cores (configs.gdn_state_dot): GDN kernel tests
 #                  with it on, verify phases at batch 256 per tile off vs on, the benchmark with it  [.whl]
+#   gdn_order      GDN decode cycles at batch 256, synchronised and staggered, per row order of the state
+#                  launch (configs.gdn_flush_spread) and per non-flush product option; bench  [.site]
 #   gdn_small      GDN spec below batch 64: the one-launch commit (cursor move inside the fold): tests
 #                  with it on, bench 64/32/8/1 timing the commit both ways               [.whl]
 #   gdn_sweep      GDN launch plans and the exact replay's unroll depths vs SGLang's kernels  [.whl]
@@ -189,6 +191,25 @@ step_gdn_dot() {
     "--decode-configs 3x16x1x3x8x0x1 --verify-configs 16x1x2x4,32x2x2x4,64x4x2x4 --verify-fills 0,8,12 --fold-lens 4 --reps 15" \
     gdn_state_dot=1x0 \
     gdn_state_dot=0 gdn_state_dot=1x0
+}
+
+step_gdn_order() {
+  # The GDN decode step at batch 256 with rows staggered over the ring, as served requests are
+  # (kernel run 10: 201.3 us staggered vs 190.9 us synchronised; target 1.7x = ~175 us). Prepared in
+  # session 26 without a GPU: the state launch takes the flush rows early (configs.gdn_flush_spread,
+  # cursors.decode_row_order; scheduling only), and the decode's non-flush products with the ring
+  # history read value-row major or on tensor cores (gdn_history_rt / gdn_state_dot, so far timed
+  # for the verify only). The GDN decode tests with all three on, then whole decode cycles
+  # (synchronised, and staggered per row order) per product option (profiles.log), then the kernel
+  # benchmark at batch 256 with the row order on.
+  local d="$OUT/gdn_order"
+  run env OUT="$d" REPLAYSSM_CONFIG=gdn_flush_spread=25,gdn_history_rt=0x1,gdn_state_dot=1x1 GDNTESTS_TIMEOUT=150 \
+    GDNTESTS_K="decode or row_order" bash scripts/device_kernels.sh gdntests
+  profile_per_config "$d" \
+    "--decode-configs 3x16x1x3x8x0x1 --no-verify --fold-lens 15 --cycle-spreads off,0,25,50 --reps 15" \
+    gdn_flush_spread=-1 gdn_history_rt=0x1 gdn_state_dot=1x1 gdn_state_dot=1x1,gdn_history_rt=0x1
+  run env OUT="$d" REPLAYSSM_CONFIG=gdn_flush_spread=25 BENCH_TIMEOUT=$(( $(left) - 15 )) \
+    BENCH_ARGS="--family gdn --batches 256" bash scripts/device_kernels.sh bench
 }
 
 step_gdn_small() {
@@ -419,7 +440,7 @@ step_aime() {
     --time-budget $(( $(left) - 30 ))
 }
 
-STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
+STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_order gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
 [ $# -gt 0 ] || { echo "usage: $0 STEP [STEP ...]; steps: ${STEPS[*]}" >&2; exit 2; }
 for s in "$@"; do
   [[ " ${STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s; steps: ${STEPS[*]}" >&2; exit 2; }

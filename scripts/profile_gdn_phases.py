@@ -23,7 +23,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_kernels import DECODE_CONFIGS, fill_rings_randn, phase_timer  # noqa: E402
+import bench_kernels  # noqa: E402
+from bench_kernels import DECODE_CONFIGS, fill_rings_randn, phase_timer, staggered_snaps  # noqa: E402
 from read_ceiling import read_ceiling  # noqa: E402
 
 
@@ -68,6 +69,11 @@ def parse_args(argv=None):
     p.add_argument("--decode-configs", default=None,
                    help="comma-separated GDN decode plans, each 7 x-separated numbers as in REPLAYSSM_CONFIG's "
                         "gdn_decode (default: bench_kernels.DECODE_CONFIGS)")
+    p.add_argument("--cycle-spreads", default="",
+                   help="also time whole decode cycles (L launches, per launch): rows synchronised, and rows "
+                        "staggered over the ring as served requests are, once per comma-separated row order "
+                        "('off' = batch order, N = configs.gdn_flush_spread N: flush rows spread over the first "
+                        "N%% of the launch)")
     p.add_argument("--no-verify", action="store_true", help="skip the verify launches")
     p.add_argument("--verify-configs", default="16x1x2x4,8x1x2x4,32x1x2x4",
                    help="GDN verify plans BVxWARPSxSTAGESxPRODUCTS as in REPLAYSSM_CONFIG's gdn_verify (default: "
@@ -85,6 +91,12 @@ def parse_args(argv=None):
     if any(not 0 <= f <= args.ring_len - 4 for f in args.fills):
         raise SystemExit(f"--verify-fills: each in 0..ring_len-4 (the window must fit), got {args.fills}")
     args.folds = [int(x) for x in args.fold_lens.split(",") if x]
+    try:
+        args.spreads = [-1 if x.strip() == "off" else int(x) for x in args.cycle_spreads.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"--cycle-spreads: comma-separated 'off' or 0..100, got {args.cycle_spreads!r}")
+    if any(not -1 <= x <= 100 for x in args.spreads):
+        raise SystemExit(f"--cycle-spreads: each 'off' or 0..100, got {args.cycle_spreads!r}")
     return args
 
 
@@ -97,6 +109,7 @@ def main(argv=None):
         fused_sigmoid_gating_delta_rule_update,
     )
 
+    from replayssm_kernels import decode_row_order
     from replayssm_kernels.configs import override
     from replayssm_kernels.gdn import alloc_gdn_rings, gdn_replay_decode, gdn_replay_fold, gdn_replay_verify
     from replayssm_kernels.gdn import decode as dec_mod
@@ -147,6 +160,10 @@ def main(argv=None):
                 row_fl = torch.ones(B, dtype=torch.int32, device=dev)
                 t(f"decode_flush_{name}_wp{wp}", lambda: gdn_replay_decode(
                     q, k, v, a, b, A_log, dt_bias, state, rings, slots, row_wp, row_fl, origin, out=o2))
+            if args.spreads:
+                _decode_cycles(res, args, name, B, L, dev, lambda rw, rf, order: gdn_replay_decode(
+                    q, k, v, a, b, A_log, dt_bias, state, rings, slots, rw, rf, origin, out=o2, row_order=order),
+                    decode_row_order)
     for n in args.folds:
         nf = torch.full((B,), n, dtype=torch.int32, device=dev)
         t(f"ours_fold_n{n}", lambda: gdn_replay_fold(state, rings, slots, nf, origin))
@@ -185,6 +202,27 @@ def main(argv=None):
         regs["error"] = repr(e)
     print(json.dumps({"times_us": res, "regs_spills_warps_smem": regs}))
     return res
+
+
+def _decode_cycles(res, args, name, B, L, dev, step, decode_row_order):
+    """Per-launch time of a whole decode cycle (L launches in one graph): every row at the same
+    ring position (one launch in L flushes every row), then rows staggered over the ring (every
+    launch flushes a 1/L share) in each row order of `args.spreads`."""
+    sync = []
+    for j in range(L):
+        rw = torch.full((B,), j, dtype=torch.int32, device=dev)
+        sync.append((rw, (rw == L - 1).to(torch.int32)))
+    stag = [snap[0] for snap in staggered_snaps(B, L, 1, dev)]
+    cases = [("sync", sync, -1)] + [(f"stag_{'off' if sp < 0 else f'sp{sp}'}", stag, sp) for sp in args.spreads]
+    for label, snaps, sp in cases:
+        orders = [decode_row_order(rf, sp) if sp >= 0 else None for _, rf in snaps]
+
+        def cycle():
+            for (rw, rf), order in zip(snaps, orders):
+                step(rw, rf, order)
+        key = f"decode_cycle_{name}_{label}"
+        res[key] = round(bench_kernels.time_graph(cycle, L, args.reps), 1)
+        print(f"{key:40s} {res[key]:9.1f} us", flush=True)
 
 
 def _collect_regs(regs, dec_mod, ver_mod):

@@ -12,7 +12,8 @@ from typing import Optional
 
 import torch
 
-from replayssm_kernels import commit_prepare, decode_prepare, pending_fold_plan
+from replayssm_kernels import commit_prepare, decode_prepare, decode_row_order, pending_fold_plan
+from replayssm_kernels.configs import gdn_flush_spread
 from replayssm_kernels.gdn import (
     alloc_gdn_rings,
     gdn_commit,
@@ -156,8 +157,10 @@ class GDNHarness(_RingHarness):
         """q, k `[batch, H, K]`; v `[batch, HV, V]`; a, b `[batch, HV]` -> o `[batch, HV, V]`."""
         rings = self._rings_for(k.dtype)
         row_wp, row_flush = self._decode_plan(force_flush)
+        spread = gdn_flush_spread()  # as the backend: the launch's row order, scheduling only
+        order = decode_row_order(row_flush, spread) if spread >= 0 else None
         return gdn_replay_decode(q, k, v, a, b, self.A_log, self.dt_bias, self._state[0], rings.layer(0),
-                                 self.slot_idx, row_wp, row_flush, self.origin)
+                                 self.slot_idx, row_wp, row_flush, self.origin, row_order=order)
 
     def verify(self, q, k, v, a, b) -> torch.Tensor:
         """The same with a draft axis after batch -> o `[batch, T', HV, V]`."""

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from replayssm_kernels import commit_prepare, decode_prepare, pending_fold_plan
+from replayssm_kernels import commit_prepare, decode_prepare, decode_row_order, pending_fold_plan
 from replayssm_kernels.gdn import (
     alloc_gdn_rings,
     gdn_recurrent_ref,
@@ -380,6 +380,70 @@ def test_gdn_padding_rows_write_nothing(device):
     gdn_replay_fold(state, rings, slot, n, org)
     for t0, t1 in zip(before, [state, *rings.tensors()]):
         assert torch.equal(t0[:, untouched], t1[:, untouched])
+
+
+@pytest.mark.parametrize("B,p_flush", [(1, 1.0), (7, 0.3), (40, 0.0625), (40, 0.0), (300, 0.5)])
+def test_decode_row_order_is_a_flush_early_permutation(B, p_flush, device):
+    """configs.gdn_flush_spread's order: a permutation of the rows; the flush rows in batch order
+    and spread evenly over the first `spread` percent (all first at 0); padding rows (not flushing)
+    stay with the non-flush rows."""
+    gen = torch.Generator().manual_seed(B)
+    flush = (torch.rand(B, generator=gen) < p_flush).to(torch.int32)
+    flush[:1] = 1 if p_flush == 1.0 else flush[:1]
+    nf, nn = int(flush.sum()), B - int(flush.sum())
+    for spread in (0, 25, 50, 100):
+        order = decode_row_order(flush.to(device), spread).cpu()
+        assert sorted(order.tolist()) == list(range(B)), f"not a permutation at spread {spread}"
+        taken = flush[order.long()]
+        pos = taken.nonzero().flatten().tolist()
+        rows = order[taken != 0].tolist()
+        assert rows == sorted(rows) and order[taken == 0].tolist() == sorted(order[taken == 0].tolist())
+        if spread == 0:
+            assert pos == list(range(nf))
+        if nf and nn:
+            # the last flush row sits within the spread (its share of the non-flush rows before it)
+            assert pos[-1] - (nf - 1) <= -(-(nf - 1) * nn * spread // (nf * 100))
+    with pytest.raises(ValueError, match="spread"):
+        decode_row_order(flush.to(device), 101)
+
+
+def test_gdn_decode_row_order_changes_no_bit(device):
+    """Decode plan 3 with its rows taken in decode_row_order's order: outputs, checkpoints and rings
+    torch.equal to the batch order, every spread; an order that is not a permutation (every
+    program on row 0, a flush row) leaves the other rows' outputs unwritten, so the launch does
+    follow it."""
+    from replayssm_kernels.configs import gdn_decode_config
+
+    assert gdn_decode_config(32, 16).split == 3
+    gen = torch.Generator().manual_seed(26)
+    B, H, HV, K, V, L, S = 6, 1, 2, 32, 16, 4, 8
+    A_log, dt_bias, state, rings = _direct_setup(device, gen, B=B, H=H, HV=HV, K=K, V=V, L=L, S=S)
+    slot = torch.tensor([5, 0, 2, 7, 3, 1], dtype=torch.int32, device=device)
+    origin = torch.tensor([1, 3, 0, 2, 1, 0, 3, 2], dtype=torch.int32, device=device)
+    row_wp = torch.tensor([3, 0, 2, 3, 1, 3], dtype=torch.int32, device=device)
+    row_flush = (row_wp == L - 1).to(torch.int32)
+    q, k, v, a, b = (x[:, 0] for x in _inputs(B, 1, H, HV, K, V, bf16, device, gen))
+
+    def run(order):
+        st, rg = state.clone(), [t.clone() for t in rings.tensors()]
+        r2 = alloc_gdn_rings(1, S, H, HV, K, V, L, bf16, device, raw_keys=rings.has_raw_keys)
+        for t0, t1 in zip(r2.tensors(), rg):
+            t0.copy_(t1)
+        out = torch.full((B, HV, V), float("nan"), dtype=bf16, device=device)
+        gdn_replay_decode(q, k, v, a, b, A_log, dt_bias, st[0], r2.layer(0), slot, row_wp, row_flush, origin,
+                          out=out, row_order=order)
+        return out, st, r2.tensors()
+
+    out0, st0, rg0 = run(None)
+    assert not torch.isnan(out0).any()
+    for spread in (0, 50, 100):
+        order = decode_row_order(row_flush, spread)
+        assert order.tolist() != list(range(B)) or spread == 100
+        out1, st1, rg1 = run(order)
+        assert torch.equal(out1, out0) and torch.equal(st1, st0), f"spread {spread}"
+        assert all(torch.equal(t0, t1) for t0, t1 in zip(rg0, rg1)), f"spread {spread}"
+    out_bad, _, _ = run(torch.zeros(B, dtype=torch.int32, device=device))
+    assert torch.isnan(out_bad[1:]).all() and not torch.isnan(out_bad[0]).any()
 
 
 def test_gdn_fold_all_layers_equals_per_layer(device):

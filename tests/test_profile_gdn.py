@@ -68,3 +68,44 @@ def test_profile_gdn_phases_refuses_a_window_that_does_not_fit():
         prof.main(["--device", "cpu", "--ring-len", "8", "--verify-fills", "6"])
     with pytest.raises(SystemExit, match="verify-configs"):
         prof.main(["--device", "cpu", "--verify-configs", "16x1"])
+
+
+def test_profile_gdn_phases_times_decode_cycles_per_row_order(monkeypatch):
+    """`--cycle-spreads`: a synchronised cycle and one staggered cycle per row order, each of L
+    decode launches; the state launch takes the rows in decode_row_order's order exactly when a
+    spread is given."""
+    from replayssm_kernels.gdn import verify as ver_mod
+
+    kernel = ver_mod._gdn_verify_state_kernel
+    orders = []  # per state launch: the ORDER flag it was compiled with
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **k):
+                orders.append(bool(k.get("ORDER")))
+                return kernel[grid](*a, **k)
+            return launch
+
+    monkeypatch.setattr(ver_mod, "_gdn_verify_state_kernel", Spy())
+    timed = []  # per timed cycle: the ORDER flags of its launches
+
+    def fake_time(fn, units, reps=30, warmup=2):
+        before = len(orders)
+        fn()
+        timed.append((units, orders[before:]))
+        return 1.0
+
+    monkeypatch.setattr(sys.modules["bench_kernels"], "time_graph", fake_time)
+    import sglang.kernels.ops.attention.fla.fused_recurrent as fr
+    monkeypatch.setattr(fr, "fused_recurrent_gated_delta_rule_packed_decode", lambda *a, **k: None)
+    if not hasattr(torch.cpu, "device"):
+        monkeypatch.setattr(torch.cpu, "device", lambda index=None: contextlib.nullcontext(), raising=False)
+    res = prof.main(["--device", "cpu", "--dims", "2", "4", "32", "32", "--batch", "3", "--ring-len", "8",
+                     "--reps", "1", "--decode-configs", "3x16x1x3x8x0x1", "--cycle-spreads", "off,0,50",
+                     "--no-verify", "--verify-fills", "0", "--fold-lens", "2"])
+    keys = [f"decode_cycle_3x16x1x3x8x0x1_{x}" for x in ("sync", "stag_off", "stag_sp0", "stag_sp50")]
+    assert all(key in res for key in keys)
+    cycles = [t for t in timed if t[0] == 8]  # the cycles: L = 8 launches each
+    assert [flags for _, flags in cycles] == [[False] * 8, [False] * 8, [True] * 8, [True] * 8]
+    with pytest.raises(SystemExit, match="cycle-spreads"):
+        prof.main(["--device", "cpu", "--cycle-spreads", "101"])

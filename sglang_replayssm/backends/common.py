@@ -25,8 +25,8 @@ from typing import Optional
 
 import torch
 
-from replayssm_kernels import decode_prepare, reset_cursors
-from replayssm_kernels.configs import ring_min_batch
+from replayssm_kernels import decode_prepare, decode_row_order, reset_cursors
+from replayssm_kernels.configs import gdn_flush_spread, ring_min_batch
 
 logger = logging.getLogger("sglang_replayssm")
 
@@ -96,8 +96,13 @@ class ReplaySSMBatchState:
         self._all_slots: Optional[torch.Tensor] = None
         self.row_wp: Optional[torch.Tensor] = None
         self.row_flush: Optional[torch.Tensor] = None
+        # GDN decode: the order in which the state launch takes the rows (configs.gdn_flush_spread,
+        # -1 = batch order, no buffer); set per batch with row_wp / row_flush.
+        self.flush_spread = gdn_flush_spread() if pool.replayssm_family == "gdn" else -1
+        self.row_order: Optional[torch.Tensor] = None
         self._static_wp: Optional[torch.Tensor] = None
         self._static_flush: Optional[torch.Tensor] = None
+        self._static_order: Optional[torch.Tensor] = None
         # decode graph batch size -> the captured batch's `mamba_track_mask` (a static buffer
         # slice, or None when radix tracking is off)
         self._graph_track_mask: dict = {}
@@ -131,6 +136,8 @@ class ReplaySSMBatchState:
     def init_graph_buffers(self, max_bs: int) -> None:
         self._static_wp = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
         self._static_flush = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
+        if self.flush_spread >= 0:
+            self._static_order = torch.arange(max_bs, dtype=torch.int32, device=self.device)
 
     def exact_rows(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Snapshots that make `n` rows run the exact (flush) path on an empty ring: used for the
@@ -155,7 +162,7 @@ class ReplaySSMBatchState:
                 if self._rings_dirty and not in_capture:
                     self.materialize(self._every_slot())
                     self._rings_dirty = False
-                self.row_wp = self.row_flush = None
+                self.row_wp = self.row_flush = self.row_order = None
                 return
             if not in_capture:
                 self._rings_dirty = True
@@ -163,15 +170,19 @@ class ReplaySSMBatchState:
                 if self._static_wp is None or self._static_wp.shape[0] < bs:
                     raise RuntimeError("ReplaySSM: CUDA-graph buffers not initialised for this batch size")
                 row_wp, row_flush = self._static_wp[:bs], self._static_flush[:bs]
+                row_order = self._static_order[:bs] if self.flush_spread >= 0 else None
             else:
                 row_wp = torch.empty(bs, dtype=torch.int32, device=self.device)
                 row_flush = torch.empty(bs, dtype=torch.int32, device=self.device)
+                row_order = torch.empty(bs, dtype=torch.int32, device=self.device) if self.flush_spread >= 0 else None
             if in_capture:
                 # Capture runs on dummy rows: never touch the real cursors. The captured batch's
                 # track mask is the static buffer the captured track copy reads at every replay.
                 self._graph_track_mask[bs] = getattr(forward_batch, "mamba_track_mask", None)
                 row_wp.zero_()
                 row_flush.zero_()
+                if row_order is not None:
+                    torch.arange(bs, out=row_order)
             else:
                 if graph:
                     if bs not in self._graph_track_mask:
@@ -191,15 +202,17 @@ class ReplaySSMBatchState:
                     slots.contiguous(), self.pool.replayssm_wpos, self.ring_len, force_flush=force,
                     row_wp=row_wp, row_flush=row_flush,
                 )
-            self.row_wp, self.row_flush = row_wp, row_flush
+                if row_order is not None:
+                    decode_row_order(row_flush, self.flush_spread, row_order=row_order)
+            self.row_wp, self.row_flush, self.row_order = row_wp, row_flush, row_order
         elif mode.is_target_verify():
             if not in_capture:
                 self._rings_dirty = True
-            self.row_wp = self.row_flush = None
+            self.row_wp = self.row_flush = self.row_order = None
         elif mode.is_extend(include_draft_extend_v2=True) and not mode.is_draft_extend_v2():
             if not in_capture:
                 self.materialize(slots)
-            self.row_wp = self.row_flush = None
+            self.row_wp = self.row_flush = self.row_order = None
 
     def _every_slot(self) -> torch.Tensor:
         if self._all_slots is None:

@@ -63,7 +63,7 @@ class ReplaySSMGDNAttnBackend(ReplaySSMMetadataMixin, GDNAttnBackend):
         out = gdn_replay_decode(
             q, k, v, a.reshape(bs, HV), b.reshape(bs, HV), layer.A_log, layer.dt_bias, ssm_states, rings,
             cache_indices, self._rssm.row_wp, self._rssm.row_flush, self._rssm.pool.replayssm_origin,
-            scale=K ** -0.5,
+            scale=K ** -0.5, row_order=self._rssm.row_order,
         )
         self._track_mamba_state_decode(forward_batch, conv_states, ssm_states, cache_indices, layer.layer_id)
         return out

@@ -22,7 +22,7 @@ _OVERRIDE_ARITY = {"gdn_decode": (7,), "gdn_verify": (3, 4), "gdn_fold_cols": (1
                    "mamba2_replay_unroll": (1,), "gdn_replay_unroll": (1,), "mamba2_ring_bc_min_batch": (1,),
                    "gdn_k_tree": (1,), "gdn_state_kc": (1, 2), "gdn_history_rt": (1, 2), "gdn_prep": (2,),
                    "gdn_state_dot": (1, 2), "gdn_fold_narrow_below": (1,),
-                   "gdn_commit_fused_below": (1,)}
+                   "gdn_commit_fused_below": (1,), "gdn_flush_spread": (1,)}
 
 
 def parse_plan(name: str, text: str) -> tuple[int, ...] | None:
@@ -62,6 +62,8 @@ def describe() -> str:
         f"gdn_commit_fused_below={gdn_commit_fused_below()} (GDN spec commit: below this many rows the cursor "
         "move runs inside the fold launch, one launch instead of two; 0 = never)",
         f"gdn_replay_unroll={gdn_replay_unroll()} (ring entries per straight-line chunk of the exact replay)",
+        f"gdn_flush_spread={gdn_flush_spread()} (GDN decode: -1 = rows in batch order; 0..100 = flush rows spread "
+        "over that percentage of the launch from the front)",
         f"gdn_state_kc={gdn_state_kc(128, False)}x{gdn_state_kc(128, True)} (K chunk of the GDN output-only "
         "state tile, verify x decode; 0 = the whole K across a warp's lanes)",
         f"gdn_history_rt={int(gdn_history_rt(False))}x{int(gdn_history_rt(True))} (committed ring entries read "
@@ -387,6 +389,23 @@ def gdn_fold_block_v(rows: int, V: int) -> int:
     """Value columns per program of the GDN fold (`gdn/fold.py`) for a fold over `rows` rows."""
     bv = min(_next_pow2(V), 32)
     return min(bv, gdn_fold_cols()) if rows < gdn_fold_narrow_below() else bv
+
+
+# The order in which the GDN decode's state launch (plan 3: non-flush and flush rows in one launch)
+# takes its rows (cursors.decode_row_order): -1 = the batch's own order; 0..100 = the flush rows
+# (each an exact replay of the ring, several times a non-flush row's time) spread evenly over that
+# percentage of the order from the front, so they start early instead of forming the launch's tail
+# and share the SMs with the memory-bound non-flush rows. Scheduling only, never a result. Prepared
+# in session 26 without a GPU run: off until the H200 times it (docs/runbook.md).
+_GDN_FLUSH_SPREAD = -1
+
+
+def gdn_flush_spread() -> int:
+    """-1 (rows in batch order) or the spread of `decode_row_order` (REPLAYSSM_CONFIG gdn_flush_spread=N)."""
+    n = _OVERRIDES.get("gdn_flush_spread", (_GDN_FLUSH_SPREAD,))[0]
+    if not -1 <= n <= 100:
+        raise ValueError(f"gdn_flush_spread must be -1 (off) or 0..100, got {n}; fix REPLAYSSM_CONFIG")
+    return n
 
 
 # K chunk of the checkpoint tile in the output-only GDN state launch (gdn/verify_split.py), for

@@ -376,6 +376,67 @@ def pending_fold_plan(
 
 
 @triton.jit
+def _decode_row_order_kernel(row_flush, row_order, B, SPREAD: tl.constexpr, BLOCK: tl.constexpr):
+    # One program. Flush rank i goes before non-flush rank j iff i * nnf * SPREAD <= j * nf * 100,
+    # so the two ranked sequences merge in closed form (each position = own rank + how many of the
+    # other kind precede it); the positions are a permutation of 0..B-1.
+    o_r = tl.arange(0, BLOCK)
+    m_r = o_r < B
+    f = (tl.load(row_flush + o_r, mask=m_r, other=0) != 0) & m_r
+    fi = f.to(tl.int64)
+    ni = (m_r & ~f).to(tl.int64)
+    nf = tl.sum(fi, 0)
+    nn = tl.sum(ni, 0)
+    rank_f = tl.cumsum(fi, 0) - 1
+    rank_n = tl.cumsum(ni, 0) - 1
+    if SPREAD == 0:
+        pos_f = rank_f
+        pos_n = rank_n + nf
+    else:
+        # flush rank i: preceded by the non-flush ranks j with j * nf * 100 < i * nn * SPREAD
+        den_f = tl.maximum(nf * 100, 1)
+        pos_f = rank_f + (rank_f * nn * SPREAD + den_f - 1) // den_f
+        # non-flush rank j: preceded by the flush ranks i < nf with i * nn * SPREAD <= j * nf * 100
+        den_n = tl.maximum(nn * SPREAD, 1)
+        pos_n = rank_n + tl.minimum(nf, (rank_n * nf * 100) // den_n + 1)
+    pos = tl.where(f, pos_f, pos_n)
+    tl.store(row_order + pos, o_r.to(tl.int32), mask=m_r)
+
+
+def decode_row_order(row_flush: torch.Tensor, spread: int, row_order: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The order in which a GDN decode launch takes its rows: flush rows (long exact replays) early,
+    so that they do not form the launch's tail, and interleaved with the non-flush rows (memory
+    reads) so that both kinds share the SMs.
+
+    Args:
+        row_flush (torch.Tensor): `[B]` int32 from `decode_prepare`.
+        spread (int): 0..100, the share of the order (percent, from the front) over which the flush
+            rows are spread evenly; 0 puts them all first, 100 spreads them over the whole batch.
+        row_order (torch.Tensor, optional): `[B]` int32 output.
+
+    Returns:
+        `[B]` int32, a permutation of the rows. It changes scheduling only, never a result: every
+        program computes the same values whichever order the rows are taken in.
+    """
+    B = row_flush.shape[0]
+    if not 0 <= spread <= 100:
+        raise ValueError(f"spread must be 0..100, got {spread}")
+    if row_order is None:
+        row_order = torch.empty(B, dtype=torch.int32, device=row_flush.device)
+    if B == 0:
+        return row_order
+    if B > _ORDER_MAX_ROWS:
+        raise ValueError(f"decode_row_order handles up to {_ORDER_MAX_ROWS} rows in one program, got {B}")
+    assert row_flush.is_contiguous() and row_order.is_contiguous() and row_order.dtype == torch.int32
+    _decode_row_order_kernel[(1,)](row_flush, row_order, B, SPREAD=spread,
+                                   BLOCK=max(16, triton.next_power_of_2(B)), num_warps=4)
+    return row_order
+
+
+_ORDER_MAX_ROWS = 16384
+
+
+@triton.jit
 def _reset_cursors_kernel(slot_idx, wpos, origin, B, BLOCK: tl.constexpr):
     o_r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     b_slot = tl.load(slot_idx + o_r, mask=o_r < B, other=-1).to(tl.int64)

@@ -200,6 +200,7 @@ def gdn_replay_decode(
     origin: torch.Tensor,
     scale: Optional[float] = None,
     out: Optional[torch.Tensor] = None,
+    row_order: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """One GDN decode step for every row.
 
@@ -215,6 +216,9 @@ def gdn_replay_decode(
         origin (torch.Tensor): `[S]` int32 ring origins.
         scale (float, optional): query scale, default `K ** -0.5`.
         out (torch.Tensor, optional): `[B, HV, V]` output buffer (activation dtype).
+        row_order (torch.Tensor, optional): `[B]` int32 permutation of the rows from
+            `cursors.decode_row_order`: the order in which decode plan 3's state launch takes
+            them (scheduling only; other plans ignore it). Results are the same either way.
 
     Returns:
         `[B, HV, V]` outputs in the dtype of `q`.
@@ -240,6 +244,9 @@ def gdn_replay_decode(
         out = torch.empty((B, HV, V), dtype=q.dtype, device=q.device)
     elif out.shape != (B, HV, V) or not out.is_contiguous():
         raise ValueError("out must be a contiguous [B, HV, V] tensor")
+    if row_order is not None and (row_order.shape != (B,) or row_order.dtype != torch.int32
+                                  or not row_order.is_contiguous()):
+        raise ValueError("row_order must be a contiguous [B] int32 tensor (cursors.decode_row_order)")
     if B == 0:
         return out
     BK = triton.next_power_of_2(K)
@@ -276,7 +283,7 @@ def gdn_replay_decode(
         _verify_split(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), a.unsqueeze(1), b.unsqueeze(1), A_log, dt_bias,
                       state, rings, slot_idx, row_wp, origin, scale, out.view(B, 1, HV, V), BK, bv_cfg,
                       cfg.num_warps, cfg.num_stages, row_wp=row_wp, row_flush=row_flush,
-                      flush_cols=min(cfg.flush_cols, bv_cfg))
+                      flush_cols=min(cfg.flush_cols, bv_cfg), row_order=row_order)
     elif cfg.split == 2:
         # Flush rows on the exact branch; non-flush rows through the two-launch verify pair with
         # T = 1 (per-head ring products first, then a light pass over each checkpoint tile).

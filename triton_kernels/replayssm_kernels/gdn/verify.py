@@ -296,11 +296,11 @@ def gdn_replay_verify(
 
 
 def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, origin, scale, out,
-                  BK, BV, num_warps, num_stages, row_wp=None, row_flush=None, flush_cols=0):
+                  BK, BV, num_warps, num_stages, row_wp=None, row_flush=None, flush_cols=0, row_order=None):
     """Two-launch verify (verify_split.py): per-head window algebra, then one pass over the state.
     With `row_wp`/`row_flush` (decode, T = 1) only the non-flush rows are computed, unless
     `flush_cols` > 0: then the state launch also runs the flush rows exactly, `flush_cols`
-    columns at a time (decode plan 3)."""
+    columns at a time (decode plan 3), in the order of `row_order` if given."""
     B, T, H, K = k.shape
     HV, V = state.shape[1], state.shape[2]
     BT = triton.next_power_of_2(T)
@@ -346,5 +346,6 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT, RL=RL, RLB=RLB, NS=NS, EVICT=True, ROWS=row_wp is not None,
         FLUSH=flush_cols > 0, BVF=min(max(flush_cols, 1), BV), UNROLL=gdn_replay_unroll(), TREE=tree,
         KC=0 if dot else gdn_state_kc(K, decode=decode), RT=gdn_history_rt(decode=decode),
-        DOT=dot, NP=max(16, 2 * BT), num_warps=num_warps, num_stages=num_stages,
+        DOT=dot, NP=max(16, 2 * BT), row_order=row_order, ORDER=row_order is not None,
+        num_warps=num_warps, num_stages=num_stages,
     )

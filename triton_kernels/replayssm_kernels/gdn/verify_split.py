@@ -24,7 +24,8 @@ With `ROWS` the pair serves the non-flush rows of a decode step (T = 1; `row_wp`
 `decode_prepare`). The prep kernel skips flush rows; the state kernel either skips them too (the
 decode kernel's exact branch runs them in a launch of its own, decode plan 2) or, with `FLUSH`,
 runs them itself on the exact path (plan 3: one launch fewer per step, whose idle programs cost
-tens of microseconds at batch 256).
+tens of microseconds at batch 256). With `ORDER` plan 3's state launch takes its rows in the order
+of `row_order` (cursors.decode_row_order: the long flush rows early), which changes no result.
 """
 
 from __future__ import annotations
@@ -271,9 +272,13 @@ def _gdn_verify_state_kernel(
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
     NS: tl.constexpr, EVICT: tl.constexpr, ROWS: tl.constexpr = False, FLUSH: tl.constexpr = False,
     BVF: tl.constexpr = 8, UNROLL: tl.constexpr = 1, TREE: tl.constexpr = False, KC: tl.constexpr = 0,
-    RT: tl.constexpr = False, DOT: tl.constexpr = False, NP: tl.constexpr = 16,
+    RT: tl.constexpr = False, DOT: tl.constexpr = False, NP: tl.constexpr = 16, row_order=None,
+    ORDER: tl.constexpr = False,
 ):
     i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
+    if ORDER:
+        # Decode: the rows in cursors.decode_row_order's order (scheduling only).
+        i_n = tl.load(row_order + i_n)
 
     slot = tl.load(slot_idx + i_n).to(tl.int64)
     if slot < 0:
