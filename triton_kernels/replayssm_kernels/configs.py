@@ -396,8 +396,11 @@ def gdn_fold_block_v(rows: int, V: int) -> int:
 # (each an exact replay of the ring, several times a non-flush row's time) spread evenly over that
 # percentage of the order from the front, so they start early instead of forming the launch's tail
 # and share the SMs with the memory-bound non-flush rows. Scheduling only, never a result. Prepared
-# in session 26 without a GPU run: off until the H200 times it (docs/runbook.md).
-_GDN_FLUSH_SPREAD = -1
+# H200, 2026-12-04 (docs/perf.md run 13, batch 256, HV = 32, whole decode cycles with the rows
+# staggered over the ring, per launch): with the decode's history read value-row major, batch order
+# 199.8 us, spread 40 / 50 / 60 / 75 / 100: 189.7 / 188.7 / 188.5 / 187.6 / 199.3 us (all flush rows
+# first, spread 0: 199.6); with the vectorised history read no order helped (201.1 vs 201.0-207.3).
+_GDN_FLUSH_SPREAD = 75
 
 
 def gdn_flush_spread() -> int:
@@ -437,9 +440,12 @@ def gdn_state_kc(K: int, decode: bool) -> int:
 # `sum_j u_j w_j`: 0 = `[RLB, BV]` with vector loads, whose layout puts the entries across 16 lanes
 # (a 4-step butterfly per sum and value pair); 1 = `[BV, RLB]` with scalar loads, the lanes along
 # V and 8 entries in each thread (one shuffle step). ptxas on sm_90, T = 4, BV = 16, KC = 32: 392
-# shuffles per program with 0, 144 with 1. Prepared in session 16 without a GPU run: off until
-# the H200 times it (docs/runbook.md).
-_GDN_HISTORY_RT = {"verify": False, "decode": False}
+# shuffles per program with 0, 144 with 1. H200, 2026-12-04 (docs/perf.md run 13, batch 256, HV =
+# 32): the verify's state launch is slower with it (282 -> 291 us at fill 0, with the tensor-core
+# products), so the verify keeps 0; the decode's non-flush step alone is ~2 us slower, but with the
+# flush rows early (gdn_flush_spread) the staggered decode cycle goes 201.1 -> 187.6 us (none of
+# the row orders helped without it), so the decode reads value-row major.
+_GDN_HISTORY_RT = {"verify": False, "decode": True}
 
 
 def gdn_history_rt(decode: bool) -> bool:
@@ -459,7 +465,10 @@ def gdn_history_rt(decode: bool) -> bool:
 # at batch 256, HV=32, 335 -> 282 us with the 16x1 tile, 443 -> 240 us with 32x2; the GDN kernel tests
 # pass with it); decode's non-flush rows not timed with it, so off. GPU only: under the interpreter
 # off unless asked for, so that the CPU suite keeps testing the warp-reduction products it always has
-# (test_gdn_state_tensor_core_products runs the tensor-core ones there).
+# (test_gdn_state_tensor_core_products runs the tensor-core ones there). Decode on the H200,
+# 2026-12-04 (run 13): non-flush step 152.6 -> 259.8 us, and at K = 48 the flush rows' plain-form
+# replay in the same launch then differed from SGLang's bits (test_gdn_decode_launch_variants
+# [plan3-bv16-flushcols16-K48]): keep it off for the decode.
 _GDN_STATE_DOT = {"verify": True, "decode": False}
 
 
