@@ -702,7 +702,8 @@ def test_gdn_verify_prep_plans(plan, device, assert_within_baseline):
 def test_gdn_state_kc_config(monkeypatch):
     """gdn_state_kc: verify 32 / decode 0 by default; one number sets both, NxM verify x decode;
     a chunk at least the padded K means the whole K; a chunk that is not a power of two is refused.
-    gdn_history_rt: off by default, NxM likewise. (Defaults: without a REPLAYSSM_CONFIG override.)"""
+    gdn_history_rt: verify off / decode on by default (run 13), NxM likewise. gdn_flush_spread: 75 by
+    default, -1..100. (Defaults: without a REPLAYSSM_CONFIG override.)"""
     from replayssm_kernels import configs
     from replayssm_kernels.configs import gdn_state_kc, override
 
@@ -718,9 +719,16 @@ def test_gdn_state_kc_config(monkeypatch):
         gdn_state_kc(128, decode=False)
     from replayssm_kernels.configs import gdn_history_rt
 
-    assert (gdn_history_rt(decode=False), gdn_history_rt(decode=True)) == (False, False)
+    assert (gdn_history_rt(decode=False), gdn_history_rt(decode=True)) == (False, True)
     with override("gdn_history_rt", (1, 0)):
         assert (gdn_history_rt(decode=False), gdn_history_rt(decode=True)) == (True, False)
+    from replayssm_kernels.configs import gdn_flush_spread
+
+    assert gdn_flush_spread() == 75
+    with override("gdn_flush_spread", (-1,)):
+        assert gdn_flush_spread() == -1
+    with override("gdn_flush_spread", (101,)), pytest.raises(ValueError, match="REPLAYSSM_CONFIG"):
+        gdn_flush_spread()
     from replayssm_kernels.configs import gdn_state_dot
 
     # On for verify on the GPU (session 18), never under the interpreter unless asked for.
