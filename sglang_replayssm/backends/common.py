@@ -132,6 +132,10 @@ class ReplaySSMBatchState:
                     "from %d rows the ring decode. Change with REPLAYSSM_CONFIG=gdn_ring_min_batch=N.",
                     self.ring_min_batch, self.ring_min_batch,
                 )
+            if self.flush_spread >= 0 and not self.rings_off:
+                logger.info("sglang-replayssm: GDN ring decode launches take their flush rows early, spread over "
+                            "the first %d%% of each launch (scheduling only; REPLAYSSM_CONFIG=gdn_flush_spread=-1 "
+                            "keeps the batch order).", self.flush_spread)
 
     def init_graph_buffers(self, max_bs: int) -> None:
         self._static_wp = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
