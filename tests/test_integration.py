@@ -236,6 +236,31 @@ def test_gdn_ring_decode_batches_carry_a_flush_early_row_order():
     assert m2.row_flush is not None and m2.row_order is None
 
 
+def test_diag_flush_logs_every_nth_ring_decode_batch(monkeypatch, caplog):
+    """REPLAYSSM_DIAG_FLUSH=N: every N-th ring decode batch logs its rows, flush rows and the
+    histogram of pending counts (padding rows left out); a bad value names the variable."""
+    import logging
+
+    from replayssm_kernels.configs import override
+
+    monkeypatch.setenv("REPLAYSSM_DIAG_FLUSH", "2")
+    decode = SimpleNamespace(forward_mode=ForwardMode.DECODE, mamba_track_mask=None)
+    with override("gdn_ring_min_batch", (1,)):
+        pool = build_pool("gdn", gdn_params(), size=4, ring_len=4)
+        st = ReplaySSMBatchState(pool, "cpu")
+        pool.replayssm_wpos[:4] = torch.tensor([3, 1, 0, 1], dtype=torch.int32)
+        slots = torch.tensor([0, 1, -1, 3], dtype=torch.int32)
+        with caplog.at_level(logging.INFO, logger="sglang_replayssm"):
+            st.prepare(decode, slots, graph=False, in_capture=False)
+            assert "diag decode batch" not in caplog.text
+            st.prepare(decode, slots, graph=False, in_capture=False)
+        # second batch: slot 0 flushed in the first (wpos 0), slots 1 and 3 at 2
+        assert "diag decode batch 2: rows=3 flush=0 pending-count histogram [1, 0, 2, 0]" in caplog.text
+    monkeypatch.setenv("REPLAYSSM_DIAG_FLUSH", "x")
+    with pytest.raises(ValueError, match="REPLAYSSM_DIAG_FLUSH"):
+        ReplaySSMBatchState(build_pool("gdn", gdn_params(), size=4, ring_len=4), "cpu")
+
+
 def test_gdn_backend_hands_stock_mode_decode_to_sglang(monkeypatch):
     """A decode batch `prepare` marked `decode_stock` goes to SGLang's own forward_decode, untouched;
     a ring-mode batch does not."""

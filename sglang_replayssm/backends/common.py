@@ -21,6 +21,7 @@ No `.item()`, no host sync, no data-dependent allocation on any of these paths.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Optional
 
 import torch
@@ -29,6 +30,21 @@ from replayssm_kernels import decode_prepare, decode_row_order, reset_cursors
 from replayssm_kernels.configs import gdn_flush_spread, ring_min_batch
 
 logger = logging.getLogger("sglang_replayssm")
+
+# Diagnostics for device runs: REPLAYSSM_DIAG_FLUSH=N logs every N-th ring decode batch's rows
+# (how many flush, how the pending counts spread over the ring): whether served rows are staggered
+# over the ring as the kernel benchmark's staggered rows are. Costs a host sync on those batches.
+DIAG_FLUSH_ENV = "REPLAYSSM_DIAG_FLUSH"
+
+
+def _diag_flush_every() -> int:
+    raw = os.environ.get(DIAG_FLUSH_ENV, "").strip()
+    if not raw:
+        return 0
+    if not raw.isdigit():
+        raise ValueError(f"{DIAG_FLUSH_ENV} must be a whole number of decode batches (0 = off), got {raw!r}; "
+                         f"fix or unset {DIAG_FLUSH_ENV}")
+    return int(raw)
 
 
 def replayssm_pool_of(model_runner, family: str):
@@ -103,6 +119,8 @@ class ReplaySSMBatchState:
         self._static_wp: Optional[torch.Tensor] = None
         self._static_flush: Optional[torch.Tensor] = None
         self._static_order: Optional[torch.Tensor] = None
+        self._diag_every = _diag_flush_every()
+        self._diag_batches = 0
         # decode graph batch size -> the captured batch's `mamba_track_mask` (a static buffer
         # slice, or None when radix tracking is off)
         self._graph_track_mask: dict = {}
@@ -208,6 +226,10 @@ class ReplaySSMBatchState:
                 )
                 if row_order is not None:
                     decode_row_order(row_flush, self.flush_spread, row_order=row_order)
+                if self._diag_every:
+                    self._diag_batches += 1
+                    if self._diag_batches % self._diag_every == 0:
+                        self._log_rows(slots, row_wp, row_flush)
             self.row_wp, self.row_flush, self.row_order = row_wp, row_flush, row_order
         elif mode.is_target_verify():
             if not in_capture:
@@ -217,6 +239,12 @@ class ReplaySSMBatchState:
             if not in_capture:
                 self.materialize(slots)
             self.row_wp = self.row_flush = self.row_order = None
+
+    def _log_rows(self, slots: torch.Tensor, row_wp: torch.Tensor, row_flush: torch.Tensor) -> None:
+        valid = slots[: row_wp.shape[0]] >= 0
+        hist = torch.bincount(row_wp[valid].long().cpu(), minlength=self.ring_len).tolist()
+        logger.info("ReplaySSM diag decode batch %d: rows=%d flush=%d pending-count histogram %s",
+                    self._diag_batches, int(valid.sum()), int((row_flush[valid] != 0).sum()), hist)
 
     def _every_slot(self) -> torch.Tensor:
         if self._all_slots is None:
