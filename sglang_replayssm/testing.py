@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from replayssm_kernels import commit_prepare, decode_prepare, decode_row_order, pending_fold_plan
-from replayssm_kernels.configs import gdn_flush_spread
+from replayssm_kernels.configs import gdn_flush_phase, gdn_flush_spread
 from replayssm_kernels.gdn import (
     alloc_gdn_rings,
     gdn_commit,
@@ -60,6 +60,9 @@ class _RingHarness:
         self.tickets = torch.zeros(self.num_slots, dtype=torch.int32, device=self.device)
         self._mode: Optional[str] = None
         self._pending_verify: Optional[int] = None
+        # Decode steps run (the phase counter of configs.gdn_flush_phase); GDNHarness turns it on.
+        self._flush_phase = False
+        self._decode_steps = 0
         self._act_dtype: Optional[torch.dtype] = None
 
     # -- sequencing -------------------------------------------------------------------------
@@ -83,7 +86,9 @@ class _RingHarness:
         self._enter("decode")
         if force_flush is not None:
             force_flush = torch.as_tensor(force_flush, device=self.device).to(torch.int32).contiguous()
-        return decode_prepare(self.slot_idx, self.wpos, self.ring_len, force_flush=force_flush)
+        phase = self._decode_steps if self._flush_phase else None  # as the backend (common.py)
+        self._decode_steps += 1
+        return decode_prepare(self.slot_idx, self.wpos, self.ring_len, force_flush=force_flush, phase_step=phase)
 
     def _verify_begin(self, T: int) -> None:
         if self._pending_verify is not None:
@@ -139,6 +144,7 @@ class GDNHarness(_RingHarness):
         self._state = torch.zeros(1, self.num_slots, self.HV, self.V, self.K, dtype=torch.float32, device=self.device)
         self._rings = None
         self._raw_keys = gdn_keeps_raw_keys(self.K)
+        self._flush_phase = gdn_flush_phase()
 
     def _rings_for(self, dtype: torch.dtype):
         if self._check_dtype(dtype) or self._rings is None:

@@ -72,6 +72,7 @@ def test_graph_replay_forces_flush_on_the_captured_track_mask():
     L, max_bs, bs = 4, 4, 3
     pool = build_pool("gdn", gdn_params(), size=6, ring_len=L)
     st = ReplaySSMBatchState(pool, "cpu")
+    st.flush_phase = False  # only the track mask forces flushes here (the phase: its own test)
     st.ring_min_batch = 1  # ring path at any batch size (smaller batches otherwise flush every row)
     st.init_graph_buffers(max_bs)
     # The runner's static buffers: registry mask slot and the backend's state_indices_list[bs - 1].
@@ -162,6 +163,7 @@ def test_small_gdn_decode_batches_run_sglang_kernel_on_folded_checkpoints():
     assert ring_min_batch("gdn") > 2 and ring_min_batch("mamba2") == 1
     pool = build_pool("gdn", gdn_params(), size=4, ring_len=4)
     st = ReplaySSMBatchState(pool, "cpu")
+    st.flush_phase = False  # the cursor checks below count appended entries (the phase: its own test)
     calls = []
     pool.replayssm_fold_fn = _recording_fold(calls, with_origin=False)
     pool.replayssm_wpos[2], pool.replayssm_origin[2] = 3, 1
@@ -248,6 +250,7 @@ def test_diag_flush_logs_every_nth_ring_decode_batch(monkeypatch, caplog):
     with override("gdn_ring_min_batch", (1,)):
         pool = build_pool("gdn", gdn_params(), size=4, ring_len=4)
         st = ReplaySSMBatchState(pool, "cpu")
+        st.flush_phase = False
         pool.replayssm_wpos[:4] = torch.tensor([3, 1, 0, 1], dtype=torch.int32)
         slots = torch.tensor([0, 1, -1, 3], dtype=torch.int32)
         with caplog.at_level(logging.INFO, logger="sglang_replayssm"):
@@ -259,6 +262,37 @@ def test_diag_flush_logs_every_nth_ring_decode_batch(monkeypatch, caplog):
     monkeypatch.setenv("REPLAYSSM_DIAG_FLUSH", "x")
     with pytest.raises(ValueError, match="REPLAYSSM_DIAG_FLUSH"):
         ReplaySSMBatchState(build_pool("gdn", gdn_params(), size=4, ring_len=4), "cpu")
+
+
+def test_gdn_decode_rows_flush_on_their_slot_phase():
+    """configs.gdn_flush_phase: rows that start decoding together (every ring empty) flush on
+    different steps: from the second cycle on, each slot flushes every L ring decode batches at
+    its own phase, a 1/L share of the rows per batch; the full-ring rule still holds (no row ever
+    holds L entries). Mamba-2 pools and gdn_flush_phase=0 flush only full rings."""
+    from replayssm_kernels.configs import override
+
+    L, n = 4, 8
+    decode = SimpleNamespace(forward_mode=ForwardMode.DECODE, mamba_track_mask=None)
+    slots = torch.arange(n, dtype=torch.int32)
+    with override("gdn_ring_min_batch", (1,)):
+        pool = build_pool("gdn", gdn_params(), size=n, ring_len=L)
+        st = ReplaySSMBatchState(pool, "cpu")
+        assert st.flush_phase
+        flushes = []
+        for step in range(3 * L):
+            st.prepare(decode, slots, graph=False, in_capture=False)
+            assert int(st.row_wp.max()) <= L - 1
+            flushes.append(st.row_flush.nonzero().flatten().tolist())
+        for step, rows in enumerate(flushes):
+            assert rows == [r for r in range(n) if (step + r) % L == 0], step
+        with override("gdn_flush_phase", (0,)):
+            st0 = ReplaySSMBatchState(build_pool("gdn", gdn_params(), size=n, ring_len=L), "cpu")
+            for step in range(L):
+                st0.prepare(decode, slots, graph=False, in_capture=False)
+                assert st0.row_flush.tolist() == [int(step == L - 1)] * n
+    m2 = ReplaySSMBatchState(build_pool("mamba2", mamba2_params(4, 16, 2, 16, layers=(0,)), size=n, ring_len=L),
+                             "cpu")
+    assert not m2.flush_phase
 
 
 def test_gdn_backend_hands_stock_mode_decode_to_sglang(monkeypatch):
@@ -311,6 +345,7 @@ def test_draft_runner_backend_never_touches_the_shared_cursors(monkeypatch):
     monkeypatch.setattr(GDNAttnBackend, "init_forward_metadata", stub_metadata)
     stack = contextlib.ExitStack()
     stack.enter_context(override("gdn_ring_min_batch", (1,)))  # ring decode at this small batch
+    stack.enter_context(override("gdn_flush_phase", (0,)))  # cursors count appended entries only
     pool = build_pool("gdn", gdn_params(), size=4, ring_len=4)
     slots = torch.tensor([0, 1, 2], dtype=torch.int32)
     batch = SimpleNamespace(forward_mode=ForwardMode.DECODE, slots=slots, mamba_track_mask=None)

@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 
 from replayssm_kernels import decode_prepare, decode_row_order, reset_cursors
-from replayssm_kernels.configs import gdn_flush_spread, ring_min_batch
+from replayssm_kernels.configs import gdn_flush_phase, gdn_flush_spread, ring_min_batch
 
 logger = logging.getLogger("sglang_replayssm")
 
@@ -115,6 +115,10 @@ class ReplaySSMBatchState:
         # GDN decode: the order in which the state launch takes the rows (configs.gdn_flush_spread,
         # -1 = batch order, no buffer); set per batch with row_wp / row_flush.
         self.flush_spread = gdn_flush_spread() if pool.replayssm_family == "gdn" else -1
+        # GDN decode: rows also flush on their slot's phase (configs.gdn_flush_phase), counted in
+        # ring decode batches.
+        self.flush_phase = pool.replayssm_family == "gdn" and gdn_flush_phase()
+        self._decode_steps = 0
         self.row_order: Optional[torch.Tensor] = None
         self._static_wp: Optional[torch.Tensor] = None
         self._static_flush: Optional[torch.Tensor] = None
@@ -150,6 +154,10 @@ class ReplaySSMBatchState:
                     "from %d rows the ring decode. Change with REPLAYSSM_CONFIG=gdn_ring_min_batch=N.",
                     self.ring_min_batch, self.ring_min_batch,
                 )
+            if self.flush_phase and not self.rings_off:
+                logger.info("sglang-replayssm: GDN ring decode rows also flush on their slot's phase, so that "
+                            "requests which start together do not all flush on one step (exact either way; "
+                            "REPLAYSSM_CONFIG=gdn_flush_phase=0 flushes only full rings).")
             if self.flush_spread >= 0 and not self.rings_off:
                 logger.info("sglang-replayssm: GDN ring decode launches take their flush rows early, spread over "
                             "the first %d%% of each launch (scheduling only; REPLAYSSM_CONFIG=gdn_flush_spread=-1 "
@@ -223,7 +231,9 @@ class ReplaySSMBatchState:
                 decode_prepare(
                     slots.contiguous(), self.pool.replayssm_wpos, self.ring_len, force_flush=force,
                     row_wp=row_wp, row_flush=row_flush,
+                    phase_step=self._decode_steps if self.flush_phase else None,
                 )
+                self._decode_steps += 1
                 if row_order is not None:
                     decode_row_order(row_flush, self.flush_spread, row_order=row_order)
                 if self._diag_every:

@@ -22,7 +22,8 @@ _OVERRIDE_ARITY = {"gdn_decode": (7,), "gdn_verify": (3, 4), "gdn_fold_cols": (1
                    "mamba2_replay_unroll": (1,), "gdn_replay_unroll": (1,), "mamba2_ring_bc_min_batch": (1,),
                    "gdn_k_tree": (1,), "gdn_state_kc": (1, 2), "gdn_history_rt": (1, 2), "gdn_prep": (2,),
                    "gdn_state_dot": (1, 2), "gdn_fold_narrow_below": (1,),
-                   "gdn_commit_fused_below": (1,), "gdn_flush_spread": (1,)}
+                   "gdn_commit_fused_below": (1,), "gdn_flush_spread": (1,),
+                   "gdn_flush_phase": (1,)}
 
 
 def parse_plan(name: str, text: str) -> tuple[int, ...] | None:
@@ -64,6 +65,8 @@ def describe() -> str:
         f"gdn_replay_unroll={gdn_replay_unroll()} (ring entries per straight-line chunk of the exact replay)",
         f"gdn_flush_spread={gdn_flush_spread()} (GDN decode: -1 = rows in batch order; 0..100 = flush rows spread "
         "over that percentage of the launch from the front)",
+        f"gdn_flush_phase={int(gdn_flush_phase())} (GDN decode: rows also flush on their slot's phase, so rows that "
+        "started together flush on different steps; 0 = only when the ring is full)",
         f"gdn_state_kc={gdn_state_kc(128, False)}x{gdn_state_kc(128, True)} (K chunk of the GDN output-only "
         "state tile, verify x decode; 0 = the whole K across a warp's lanes)",
         f"gdn_history_rt={int(gdn_history_rt(False))}x{int(gdn_history_rt(True))} (committed ring entries read "
@@ -409,6 +412,22 @@ def gdn_flush_spread() -> int:
     if not -1 <= n <= 100:
         raise ValueError(f"gdn_flush_spread must be -1 (off) or 0..100, got {n}; fix REPLAYSSM_CONFIG")
     return n
+
+
+# GDN decode: each slot also flushes on the decode steps of its own phase (cursors.decode_prepare
+# `phase_step`), so rows that start decoding together (a prefill batch, a whole wave of requests
+# with equal lengths) do not all flush on the same step. Served that way they run the benchmark's
+# staggered cycle instead of the synchronised one: H200, 2026-12-04 (docs/perf.md run 13, batch
+# 256, HV = 32) 186.9 against 192.1 us per step with this session's defaults, and no step with
+# every row's exact replay (~600 us per layer against ~170). The flush is the exact replay whenever
+# it runs (no result changes); each request folds once early, in its first cycle. Not yet measured
+# in a server. 0 = off, 1 = on.
+_GDN_FLUSH_PHASE = 1
+
+
+def gdn_flush_phase() -> bool:
+    """Whether GDN decode batches flush rows on their slot's phase too (REPLAYSSM_CONFIG gdn_flush_phase=0|1)."""
+    return bool(_OVERRIDES.get("gdn_flush_phase", (_GDN_FLUSH_PHASE,))[0])
 
 
 # K chunk of the checkpoint tile in the output-only GDN state launch (gdn/verify_split.py), for

@@ -20,7 +20,7 @@ import triton.language as tl
 _BLOCK_ROWS = 128
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["phase_step"])
 def _decode_prepare_kernel(
     slot_idx,
     wpos,
@@ -28,9 +28,11 @@ def _decode_prepare_kernel(
     row_wp,
     row_flush,
     B,
+    phase_step,
     RL: tl.constexpr,
     HAS_FORCE: tl.constexpr,
     BLOCK: tl.constexpr,
+    PHASE: tl.constexpr = False,
 ):
     o_r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m_r = o_r < B
@@ -38,6 +40,10 @@ def _decode_prepare_kernel(
     m_valid = m_r & (b_slot >= 0)
     b_wp = tl.load(wpos + b_slot, mask=m_valid, other=0)
     b_flush = b_wp + 1 >= RL
+    if PHASE:
+        # Each slot also flushes on the steps of its own phase (slot mod L), so rows that started
+        # together (one prefill batch) fall into L flush groups after their first cycle.
+        b_flush = b_flush | ((phase_step + b_slot) % RL == 0)
     if HAS_FORCE:
         b_force = tl.load(force_flush + o_r, mask=m_valid, other=0)
         b_flush = b_flush | (b_force != 0)
@@ -53,6 +59,7 @@ def decode_prepare(
     force_flush: Optional[torch.Tensor] = None,
     row_wp: Optional[torch.Tensor] = None,
     row_flush: Optional[torch.Tensor] = None,
+    phase_step: Optional[int] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Snapshot the decode cursors of a batch and advance them by one token.
 
@@ -62,6 +69,10 @@ def decode_prepare(
         ring_len (int): `L`.
         force_flush (torch.Tensor, optional): `[B]` int/bool; nonzero forces a flush on this step.
         row_wp, row_flush (torch.Tensor, optional): `[B]` int32 outputs (allocated if None).
+        phase_step (int, optional): a counter of decode steps; when given, a row also flushes
+            when `(phase_step + slot) % L == 0`, so that rows which started decoding on the same
+            step flush on different steps from their second cycle on. A flush is the exact
+            replay whenever it runs, so this changes no result, only when the work is done.
 
     Returns:
         `(row_wp, row_flush)`: the pending count before this token and whether this step flushes.
@@ -88,9 +99,11 @@ def decode_prepare(
         row_wp,
         row_flush,
         B,
+        0 if phase_step is None else int(phase_step) % ring_len,
         RL=ring_len,
         HAS_FORCE=force_flush is not None,
         BLOCK=_BLOCK_ROWS,
+        PHASE=phase_step is not None,
     )
     return row_wp, row_flush
 
