@@ -378,6 +378,8 @@ step_decode_fixed() {
   # left no time for ours). DECODE_CONC (default 1,128,256): e.g. 256 alone, so that both servers
   # of one model fit one call. DECODE_ARGS: more bench_serving flags, word-split (e.g.
   # "--output-len 1024", where the queued requests' prefill weighs less in the wall time).
+  # DECODE_TAG: a suffix for the bench folder and the packed file (another configuration of the
+  # same sides on a warm machine, e.g. DECODE_TAG=_nophase with REPLAYSSM_CONFIG=gdn_flush_phase=0).
   # DECODE_SIDES (default stock,ours): e.g. stock,upstream,ours for SGLang's own
   # --enable-linear-replayssm beside them (GDN only; bench_serving skips it for Nano-9B).
   # DECODE_UPSTREAM_ARGS (default --mem-fraction-static=0.825, given only when upstream runs): SGLang's
@@ -400,7 +402,7 @@ step_decode_fixed() {
     esac
     k=$(( k + 1 ))
     run "${BENCH[@]}" --model "$m" --study decode --only "${DECODE_SIDES:-stock,ours}" --concurrency "${DECODE_CONC:-1,128,256}" "${up[@]}" ${DECODE_ARGS:-} \
-      --server-args="$flags" --out "/tmp/b_decode_$m" --pack "$OUT/decode_fixed_$m.tgz" \
+      --server-args="$flags" --out "/tmp/b_decode_$m${DECODE_TAG:-}" --pack "$OUT/decode_fixed_$m${DECODE_TAG:-}.tgz" \
       --time-budget $(( ($(left) - 30) / (${#models[@]} - k + 1) ))
   done
 }
