@@ -74,6 +74,9 @@ def parse_args(argv=None):
                         "staggered over the ring as served requests are, once per comma-separated row order "
                         "('off' = batch order, N = configs.gdn_flush_spread N: flush rows spread over the first "
                         "N%% of the launch)")
+    p.add_argument("--decode-launches", action="store_true",
+                   help="also time the non-flush decode's two launches alone (plans 2 and 3: the per-head prep, "
+                        "then the pass over the state), as the verify's are")
     p.add_argument("--no-verify", action="store_true", help="skip the verify launches")
     p.add_argument("--verify-configs", default="16x1x2x4,8x1x2x4,32x1x2x4",
                    help="GDN verify plans BVxWARPSxSTAGESxPRODUCTS as in REPLAYSSM_CONFIG's gdn_verify (default: "
@@ -155,6 +158,11 @@ def main(argv=None):
                 row_fl = torch.zeros(B, dtype=torch.int32, device=dev)
                 t(f"decode_nonflush_{name}_wp{wp}", lambda: gdn_replay_decode(
                     q, k, v, a, b, A_log, dt_bias, state, rings, slots, row_wp, row_fl, origin, out=o2))
+                if args.decode_launches and cfg[0] in (2, 3):  # plans on the two-launch pair: each alone
+                    for which in ("prep", "state"):
+                        with only_verify_launch(ver_mod, which):
+                            t(f"decode_nonflush_{name}_wp{wp}_{which}", lambda: gdn_replay_decode(
+                                q, k, v, a, b, A_log, dt_bias, state, rings, slots, row_wp, row_fl, origin, out=o2))
             for wp in (0, 15):
                 row_wp = torch.full((B,), wp, dtype=torch.int32, device=dev)
                 row_fl = torch.ones(B, dtype=torch.int32, device=dev)

@@ -102,9 +102,16 @@ def test_profile_gdn_phases_times_decode_cycles_per_row_order(monkeypatch):
         monkeypatch.setattr(torch.cpu, "device", lambda index=None: contextlib.nullcontext(), raising=False)
     res = prof.main(["--device", "cpu", "--dims", "2", "4", "32", "32", "--batch", "3", "--ring-len", "8",
                      "--reps", "1", "--decode-configs", "3x16x1x3x8x0x1", "--cycle-spreads", "off,0,50",
-                     "--no-verify", "--verify-fills", "0", "--fold-lens", "2"])
+                     "--decode-launches", "--no-verify", "--verify-fills", "0", "--fold-lens", "2"])
     keys = [f"decode_cycle_3x16x1x3x8x0x1_{x}" for x in ("sync", "stag_off", "stag_sp0", "stag_sp50")]
     assert all(key in res for key in keys)
+    # --decode-launches: the non-flush step's launches alone; the prep one launches no state kernel
+    order = list(res)
+    i = order.index("decode_nonflush_3x16x1x3x8x0x1_wp8")
+    assert order[i + 1:i + 3] == ["decode_nonflush_3x16x1x3x8x0x1_wp8_prep", "decode_nonflush_3x16x1x3x8x0x1_wp8_state"]
+    units = [u for u, _ in timed if u == 1]
+    flags = [f for u, f in timed if u == 1]
+    assert flags[i] == [False] and flags[i + 1] == [] and flags[i + 2] == [False] and len(units) >= i + 3
     cycles = [t for t in timed if t[0] == 8]  # the cycles: L = 8 launches each
     assert [flags for _, flags in cycles] == [[False] * 8, [False] * 8, [True] * 8, [True] * 8]
     with pytest.raises(SystemExit, match="cycle-spreads"):
