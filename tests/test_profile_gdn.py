@@ -13,6 +13,17 @@ from script_loader import load_script
 prof = load_script("profile_gdn_phases")
 
 
+def _profile_on_cpu(monkeypatch, fake_time):
+    """The profiler on the CPU interpreter: `fake_time` stands in for the GPU timer, and SGLang's
+    packed decode (which does not run under the interpreter; its baseline line is not what these
+    tests check) launches nothing."""
+    monkeypatch.setattr(sys.modules["bench_kernels"], "time_graph", fake_time)
+    import sglang.kernels.ops.attention.fla.fused_recurrent as fr
+    monkeypatch.setattr(fr, "fused_recurrent_gated_delta_rule_packed_decode", lambda *a, **k: None)
+    if not hasattr(torch.cpu, "device"):
+        monkeypatch.setattr(torch.cpu, "device", lambda index=None: contextlib.nullcontext(), raising=False)
+
+
 def test_profile_gdn_phases_times_each_verify_launch_alone(monkeypatch):
     from replayssm_kernels.gdn import verify as ver_mod
 
@@ -39,13 +50,7 @@ def test_profile_gdn_phases_times_each_verify_launch_alone(monkeypatch):
         calls.append(set(launched[before:]))
         return float(len(calls))
 
-    monkeypatch.setattr(sys.modules["bench_kernels"], "time_graph", fake_time)
-    # SGLang's packed decode kernel does not run under the Triton interpreter; the profiler's
-    # baseline line is not what this test checks
-    import sglang.kernels.ops.attention.fla.fused_recurrent as fr
-    monkeypatch.setattr(fr, "fused_recurrent_gated_delta_rule_packed_decode", lambda *a, **k: None)
-    if not hasattr(torch.cpu, "device"):
-        monkeypatch.setattr(torch.cpu, "device", lambda index=None: contextlib.nullcontext(), raising=False)
+    _profile_on_cpu(monkeypatch, fake_time)
     res = prof.main(["--device", "cpu", "--dims", "2", "4", "32", "32", "--batch", "2", "--ring-len", "8",
                      "--reps", "1", "--decode-configs", "3x16x1x3x8x0x1", "--verify-configs", "16x1x2x4,32x1x2x0",
                      "--verify-fills", "0,4", "--fold-lens", "3"])
@@ -95,11 +100,7 @@ def test_profile_gdn_phases_times_decode_cycles_per_row_order(monkeypatch):
         timed.append((units, orders[before:]))
         return 1.0
 
-    monkeypatch.setattr(sys.modules["bench_kernels"], "time_graph", fake_time)
-    import sglang.kernels.ops.attention.fla.fused_recurrent as fr
-    monkeypatch.setattr(fr, "fused_recurrent_gated_delta_rule_packed_decode", lambda *a, **k: None)
-    if not hasattr(torch.cpu, "device"):
-        monkeypatch.setattr(torch.cpu, "device", lambda index=None: contextlib.nullcontext(), raising=False)
+    _profile_on_cpu(monkeypatch, fake_time)
     res = prof.main(["--device", "cpu", "--dims", "2", "4", "32", "32", "--batch", "3", "--ring-len", "8",
                      "--reps", "1", "--decode-configs", "3x16x1x3x8x0x1", "--cycle-spreads", "off,0,50",
                      "--decode-launches", "--no-verify", "--verify-fills", "0", "--fold-lens", "2"])
