@@ -126,8 +126,8 @@ def test_tree_decode_state_follows_gpu_order(form, plan):
     with overrides((("gdn_k_tree", (form,)), *plan)):
         for step in range(2 * L + 1):
             q, k, v, a, b = (t[:, 0] for t in _inputs(gen, B, 1, H, HV, V))
-            flush = (h.pending() + 1 >= L).tolist()
             o = h.decode(q, k, v, a, b)
+            flush = (h.pending() == 0).tolist()  # this step flushed the row (full ring or its slot's phase)
             for r in range(B):
                 o_ref = model.step(r, q[r], k[r], v[r], a[r], b[r], 128 ** -0.5)
                 if flush[r]:
