@@ -1635,9 +1635,34 @@ def _diag_collect(folder: str, dst: Path) -> str:
     return str(dst)
 
 
+_DIAG_FLUSH_RE = re.compile(r"ReplaySSM diag decode batch (\d+): rows=(\d+) flush=(\d+) pending-count histogram "
+                            r"\[([0-9, ]*)\]")
+
+
+def parse_diag_flush(text: str) -> list[dict]:
+    """The `REPLAYSSM_DIAG_FLUSH` lines of ours' server log (sglang_replayssm/backends/common.py):
+    per logged ring decode batch, its rows, flush rows and the histogram of pending counts."""
+    return [dict(batch=int(m.group(1)), rows=int(m.group(2)), flush=int(m.group(3)),
+                 hist=[int(x) for x in m.group(4).split(",") if x.strip()])
+            for m in _DIAG_FLUSH_RE.finditer(text)]
+
+
+def diag_flush_summary(recs: list[dict]) -> str | None:
+    """One line: how the logged decode batches' rows flush (spread over steps or all at once)."""
+    if not recs:
+        return None
+    shares = [r["flush"] / r["rows"] for r in recs if r["rows"]]
+    full = sum(1 for r in recs if r["rows"] and r["flush"] == r["rows"])
+    none = sum(1 for r in recs if r["flush"] == 0)
+    mean = sum(shares) / len(shares) if shares else 0.0
+    return (f"diag flush: {len(recs)} logged decode batches, mean flush share {mean:.3f}, "
+            f"{full} with every row flushing, {none} with none")
+
+
 def print_log_windows(paths: list[str]) -> int:
     """The decode-batch windows of server logs, one line each, then the median of the decode-only
-    ones per running count (how serving.md session 25 read its logs)."""
+    ones per running count (how serving.md session 25 read its logs), and with REPLAYSSM_DIAG_FLUSH
+    lines in the log how its ring decode batches flushed."""
     for path in paths:
         lines = parse_decode_lines(e2e._read(path))
         print(f"== {path}: {len(lines)} decode-batch lines")
@@ -1649,6 +1674,9 @@ def print_log_windows(paths: list[str]) -> int:
             if sm["server_gen_throughput_clean"] is not None:
                 print(f"  running {r}: decode-only median {sm['server_gen_throughput_clean']:.1f} tok/s over "
                       f"{sm['clean_lines_at_c']}")
+        diag = diag_flush_summary(parse_diag_flush(e2e._read(path)))
+        if diag:
+            print(f"  {diag}")
     return 0
 
 

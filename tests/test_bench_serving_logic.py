@@ -201,6 +201,44 @@ def test_log_windows_cli(tmp_path, capsys):
         bs.parse_args(["--model", "gdn"])  # --out is still required for a run
 
 
+def test_log_windows_reads_the_diag_flush_lines(tmp_path, capsys):
+    """REPLAYSSM_DIAG_FLUSH lines, in the backend's own format (a real log record), are summarised
+    by `--log-windows`: the mean flush share and the batches where every row or no row flushed."""
+    import logging
+    from types import SimpleNamespace
+
+    import torch
+
+    from sglang_replayssm.backends.common import ReplaySSMBatchState
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda rec: records.append(rec.getMessage())
+    log = logging.getLogger("sglang_replayssm")
+    log.addHandler(handler)
+    old_level = log.level
+    log.setLevel(logging.INFO)
+    try:
+        st = SimpleNamespace(_diag_batches=0, ring_len=4)
+        for k, (wp, fl) in enumerate([([3, 3, 3, -1], [1, 1, 1, 0]), ([0, 1, 2, 0], [0, 0, 0, 0]),
+                                      ([3, 0, 1, 2], [1, 0, 0, 0])]):
+            st._diag_batches = k + 1
+            slots = torch.tensor([0, 1, 2, -1 if k == 0 else 3], dtype=torch.int32)
+            ReplaySSMBatchState._log_rows(st, slots, torch.tensor([max(x, 0) for x in wp], dtype=torch.int32),
+                                          torch.tensor(fl, dtype=torch.int32))
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(old_level)
+    path = tmp_path / "ours.log"
+    path.write_text("".join(f"[2026-12-04 16:30:00] {m}\n" for m in records))
+    recs = bs.parse_diag_flush(path.read_text())
+    assert [(r["rows"], r["flush"]) for r in recs] == [(3, 3), (4, 0), (4, 1)]
+    assert recs[0]["hist"] == [0, 0, 0, 3]
+    assert bs.main(["--log-windows", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "diag flush: 3 logged decode batches, mean flush share 0.417, 1 with every row flushing, 1 with none" in out
+
+
 # ----------------------------------------------------------------------------------------------
 # Metrics
 # ----------------------------------------------------------------------------------------------
