@@ -144,7 +144,9 @@ class GDNHarness(_RingHarness):
         self._state = torch.zeros(1, self.num_slots, self.HV, self.V, self.K, dtype=torch.float32, device=self.device)
         self._rings = None
         self._raw_keys = gdn_keeps_raw_keys(self.K)
+        # Read once, as the backend's batch state reads them (backends/common.py).
         self._flush_phase = gdn_flush_phase()
+        self._flush_spread = gdn_flush_spread()
 
     def _rings_for(self, dtype: torch.dtype):
         if self._check_dtype(dtype) or self._rings is None:
@@ -163,8 +165,8 @@ class GDNHarness(_RingHarness):
         """q, k `[batch, H, K]`; v `[batch, HV, V]`; a, b `[batch, HV]` -> o `[batch, HV, V]`."""
         rings = self._rings_for(k.dtype)
         row_wp, row_flush = self._decode_plan(force_flush)
-        spread = gdn_flush_spread()  # as the backend: the launch's row order, scheduling only
-        order = decode_row_order(row_flush, spread) if spread >= 0 else None
+        # the launch's row order, as the backend makes it (scheduling only)
+        order = decode_row_order(row_flush, self._flush_spread) if self._flush_spread >= 0 else None
         return gdn_replay_decode(q, k, v, a, b, self.A_log, self.dt_bias, self._state[0], rings.layer(0),
                                  self.slot_idx, row_wp, row_flush, self.origin, row_order=order)
 

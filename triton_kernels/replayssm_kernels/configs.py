@@ -398,8 +398,8 @@ def gdn_fold_block_v(rows: int, V: int) -> int:
 # takes its rows (cursors.decode_row_order): -1 = the batch's own order; 0..100 = the flush rows
 # (each an exact replay of the ring, several times a non-flush row's time) spread evenly over that
 # percentage of the order from the front, so they start early instead of forming the launch's tail
-# and share the SMs with the memory-bound non-flush rows. Scheduling only, never a result. Prepared
-# H200, 2026-12-04 (docs/perf.md run 13, batch 256, HV = 32, whole decode cycles with the rows
+# and share the SMs with the memory-bound non-flush rows. Scheduling only, never a result. Timed on
+# the H200, 2026-12-04 (docs/perf.md run 13, batch 256, HV = 32, whole decode cycles with the rows
 # staggered over the ring, per launch): with the decode's history read value-row major, batch order
 # 199.8 us, spread 40 / 50 / 60 / 75 / 100: 189.7 / 188.7 / 188.5 / 187.6 / 199.3 us (all flush rows
 # first, spread 0: 199.6); with the vectorised history read no order helped (201.1 vs 201.0-207.3).
