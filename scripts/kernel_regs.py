@@ -6,6 +6,9 @@
                                                    # with shfl counts and inline-asm operand layouts
     python scripts/kernel_regs.py --replay-loop    # SASS of the GDN fold's replay loop per form
     python scripts/kernel_regs.py --state-launch   # SASS of the GDN verify's state launch per plan
+    python scripts/kernel_regs.py --pdl            # the GDN prep/state pair with and without PDL:
+                                                   # griddepcontrol, and the checkpoint loads that
+                                                   # come before the state launch's wait
 
 Compiles each kernel variant with Triton for `cuda:90` (no device needed) and runs the `ptxas`
 that ships with Triton (`-v`) on the PTX: registers per thread and spill bytes. One warp-wide
@@ -298,6 +301,52 @@ def state_launch_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
     return rows
 
 
+def pdl_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
+    """The GDN two-launch pair (gdn/verify_split.py) in its served forms (the verify at T and the
+    decode's plan 3 at T = 1, default tiles) built with and without PDL (configs.gdn_pdl): per
+    kernel, its `griddepcontrol` instructions in the PTX, and for the state launch the checkpoint
+    tile's loads (the `evict_first` ones) before and after its `griddepcontrol.wait`: the launch
+    overlaps the prep launch only with what it loads before the wait."""
+    from replayssm_kernels.configs import (gdn_decode_config, gdn_history_rt, gdn_state_dot, gdn_state_kc,
+                                           gdn_verify_config)
+    from replayssm_kernels.gdn import verify_split
+
+    ptrs = gdn_pointers()
+    BK = triton.next_power_of_2(K)
+    rows = []
+    for what, t_win, decode in (("verify", T, False), ("decode plan 3", 1, True)):
+        bt = triton.next_power_of_2(t_win)
+        dot = not decode and gdn_state_dot(False)
+        rlb = max(triton.next_power_of_2(L), 16) if dot else triton.next_power_of_2(L)
+        ns = verify_split.scratch_floats(bt, rlb)
+        if decode:
+            cfg = gdn_decode_config(K, V)
+            bv, warps, stages = cfg.block_v, cfg.num_warps, cfg.num_stages
+        else:
+            bv, warps, stages, _ = gdn_verify_config(K, V, T)
+        for pdl in (False, True):
+            c = dict(H=H, HV=HV, K=K, BK=BK, BT=bt, RL=L, RLB=rlb, NS=ns, ROWS=decode, PDL=pdl)
+            kern = verify_split._gdn_verify_prep_kernel
+            ptx = compile_variant(kern, signature(kern, ptrs, c), c, 4, 2).asm["ptx"]
+            rows.append(dict(kernel=f"{what}: prep", pdl=pdl,
+                             launch_dependents=ptx.count("griddepcontrol.launch_dependents"),
+                             wait=ptx.count("griddepcontrol.wait"), tile_loads_before=None, tile_loads_after=None))
+            c = dict(H=H, HV=HV, K=K, V=V, BK=BK, BV=bv, BT=bt, RL=L, RLB=rlb, NS=ns, EVICT=True, ROWS=decode,
+                     FLUSH=decode, KC=0 if dot else gdn_state_kc(K, decode=decode), RT=gdn_history_rt(decode),
+                     DOT=dot, NP=max(16, 2 * bt), PDL=pdl)
+            kern = verify_split._gdn_verify_state_kernel
+            ptx = compile_variant(kern, signature(kern, ptrs, c), c, warps, stages).asm["ptx"]
+            cut = ptx.find("griddepcontrol.wait")
+            before = ptx[:cut] if cut >= 0 else ptx
+            after = ptx[cut:] if cut >= 0 else ""
+            rows.append(dict(kernel=f"{what}: state", pdl=pdl,
+                             launch_dependents=ptx.count("griddepcontrol.launch_dependents"),
+                             wait=ptx.count("griddepcontrol.wait"),
+                             tile_loads_before=before.count("L2::evict_first"),
+                             tile_loads_after=after.count("L2::evict_first")))
+    return rows
+
+
 def mamba2_rows(NH=128, P=64, G=8, N=128, L=16, T=4):
     """The Mamba-2 decode kernel: the default one-launch tile, the split plans' launches
     (`configs.mamba2_decode_plan`; the plans of `configs.MAMBA2_DECODE_SWEEP`) and the chunked tiles
@@ -358,7 +407,18 @@ def main(argv=None):
                     help="only the GDN fold's replay loop body (SASS) per form of the exact replay")
     ap.add_argument("--state-launch", action="store_true",
                     help="only the GDN verify's state launch per plan (SASS per program and per 16 value rows)")
+    ap.add_argument("--pdl", action="store_true",
+                    help="only the GDN prep/state pair with and without programmatic dependent launch")
     args = ap.parse_args(argv)
+    if args.pdl:
+        print(f"| GDN prep/state pair (sm_90, triton {triton.__version__}) | PDL | launch_dependents | wait | "
+              "checkpoint loads before the wait | after |")
+        print("|---|---|---:|---:|---:|---:|")
+        for r in pdl_rows():
+            print(f"| {r['kernel']} | {int(r['pdl'])} | {r['launch_dependents']} | {r['wait']} | "
+                  f"{'' if r['tile_loads_before'] is None else r['tile_loads_before']} | "
+                  f"{'' if r['tile_loads_after'] is None else r['tile_loads_after']} |", flush=True)
+        return
     if args.state_launch:
         print(f"| GDN verify state launch, T=4 (sm_90, triton {triton.__version__}) | rows x warps | SASS "
               "instructions | warp instructions per 16 value rows | SHFL | MMA | registers | "

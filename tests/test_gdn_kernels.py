@@ -743,3 +743,61 @@ def test_gdn_state_kc_config(monkeypatch):
         assert gdn_prep_plan(128) == (1, 32) and gdn_prep_plan(32) == (1, 0)
     with override("gdn_prep", (3, 32)), pytest.raises(ValueError, match="REPLAYSSM_CONFIG"):
         gdn_prep_plan(128)
+
+
+def test_gdn_pdl_config_and_launch(monkeypatch):
+    """configs.gdn_pdl: on by default on sm_90+, never under the interpreter (inline PTX) nor on an
+    older GPU, and off with gdn_pdl=0. When on, the two-launch pair is built with PDL in both kernels
+    and the state kernel goes out with `launch_pdl`; when off, neither. The launches are spied
+    (the interpreter cannot run griddepcontrol: scripts/kernel_regs.py's offline build checks the
+    PTX, tests/test_kernel_regs.py)."""
+    from replayssm_kernels import configs
+    from replayssm_kernels.configs import override
+    from replayssm_kernels.gdn import verify as ver_mod
+
+    monkeypatch.setattr(configs, "_OVERRIDES", {})
+    monkeypatch.setattr(configs, "_SM90", True)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert configs.gdn_pdl()
+    assert "gdn_pdl=1" in configs.describe()
+    with override("gdn_pdl", (0,)):
+        assert not configs.gdn_pdl()
+    monkeypatch.setattr(configs, "_SM90", False)
+    assert not configs.gdn_pdl()
+    monkeypatch.setattr(configs, "_SM90", True)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not configs.gdn_pdl()
+
+    seen = {}
+
+    def spy(name):
+        kernel = getattr(ver_mod, name)
+
+        class Spy:
+            def __getitem__(self, grid):
+                def launch(*a, **k):
+                    seen[name] = (k.get("PDL"), k.pop("launch_pdl", None))
+                    k["PDL"] = False  # the interpreter runs the same kernel without the PTX
+                    return kernel[grid](*a, **k)
+                return launch
+        return Spy()
+
+    for name in ("_gdn_verify_prep_kernel", "_gdn_verify_state_kernel"):
+        monkeypatch.setattr(ver_mod, name, spy(name))
+    B, T, H, HV, K, V, L = 2, 2, 2, 4, 16, 16, 8
+    for pdl in (True, False):
+        monkeypatch.setattr(ver_mod, "gdn_pdl", lambda pdl=pdl: pdl)
+        seen.clear()
+        h = GDNHarness(batch=B, num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V,
+                       A_log=torch.zeros(HV), dt_bias=torch.zeros(HV), ring_len=L, max_draft_tokens=T, device="cpu")
+        h.verify(*_pdl_inputs(B, T, H, HV, K, V))
+        assert seen == {"_gdn_verify_prep_kernel": (pdl, None),
+                        "_gdn_verify_state_kernel": (pdl, True if pdl else None)}, (pdl, seen)
+
+
+def _pdl_inputs(B, T, H, HV, K, V):
+    g = torch.Generator().manual_seed(5)
+    q, k = (torch.randn(B, T, H, K, generator=g) for _ in range(2))
+    v = torch.randn(B, T, HV, V, generator=g)
+    a, b = (torch.randn(B, T, HV, generator=g) for _ in range(2))
+    return q, k, v, a, b

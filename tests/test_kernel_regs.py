@@ -35,3 +35,19 @@ def test_state_launch_screen():
         assert int(row["MMA"]) > 0, name
         assert int(row[per16]) < int(default[per16]), name
     assert int(t["tensor cores, 64 rows, 4 warps"]["spills (B)"]) == 0
+
+
+def test_pdl_screen():
+    """configs.gdn_pdl: built with PDL, the prep launch lets its dependents start and the state
+    launch waits once, after every checkpoint-tile load (the overlap is that read); built without,
+    neither kernel has a griddepcontrol instruction."""
+    t = run_compiled("kernel_regs", "--pdl")
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in t.splitlines()[2:] if ln.startswith("|")]
+    assert len(rows) == 8
+    for kernel, pdl, dependents, wait, before, after in rows:
+        on = pdl == "1"
+        if kernel.endswith("prep"):
+            assert (int(dependents), int(wait)) == ((1, 0) if on else (0, 0)), kernel
+        else:
+            assert (int(dependents), int(wait)) == ((0, 1) if on else (0, 0)), kernel
+            assert int(before) >= 16 and int(after) == 0, (kernel, pdl)

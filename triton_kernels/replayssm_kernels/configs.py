@@ -23,7 +23,7 @@ _OVERRIDE_ARITY = {"gdn_decode": (7,), "gdn_verify": (3, 4), "gdn_fold_cols": (1
                    "gdn_k_tree": (1,), "gdn_state_kc": (1, 2), "gdn_history_rt": (1, 2), "gdn_prep": (2,),
                    "gdn_state_dot": (1, 2), "gdn_fold_narrow_below": (1,),
                    "gdn_commit_fused_below": (1,), "gdn_flush_spread": (1,),
-                   "gdn_flush_phase": (1,)}
+                   "gdn_flush_phase": (1,), "gdn_pdl": (1,)}
 
 
 def parse_plan(name: str, text: str) -> tuple[int, ...] | None:
@@ -67,6 +67,8 @@ def describe() -> str:
         "over that percentage of the launch from the front)",
         f"gdn_flush_phase={int(gdn_flush_phase())} (GDN decode: rows also flush on their slot's phase, so rows that "
         "started together flush on different steps; 0 = only when the ring is full)",
+        f"gdn_pdl={int(gdn_pdl())} (GDN two-launch pair: the state launch starts while the prep launch "
+        "runs and waits for its products after reading the checkpoint tile; 0 = plain stream order)",
         f"gdn_state_kc={gdn_state_kc(128, False)}x{gdn_state_kc(128, True)} (K chunk of the GDN output-only "
         "state tile, verify x decode; 0 = the whole K across a warp's lanes)",
         f"gdn_history_rt={int(gdn_history_rt(False))}x{int(gdn_history_rt(True))} (committed ring entries read "
@@ -428,6 +430,33 @@ _GDN_FLUSH_PHASE = 1
 def gdn_flush_phase() -> bool:
     """Whether GDN decode batches flush rows on their slot's phase too (REPLAYSSM_CONFIG gdn_flush_phase=0|1)."""
     return bool(_OVERRIDES.get("gdn_flush_phase", (_GDN_FLUSH_PHASE,))[0])
+
+
+# The GDN two-launch pair (gdn/verify_split.py) with programmatic dependent launch: the prep
+# launch lets the state launch start at once, and each state program reads its checkpoint tile
+# and ring history (the launch's bytes) before it waits for the prep launch's products
+# (`griddepcontrol.wait`). Profiled on the H200, 2026-12-04 (docs/perf.md run 14, batch 256,
+# HV = 32): the decode's non-flush step was 153.5 us, of which the prep launch alone 23.9 and the
+# state launch alone 132.9, so the prep ran exposed. Scheduling only, no result changes. sm_90 and
+# later; never under the interpreter (no inline PTX there). 0 = off, 1 = on.
+_GDN_PDL = 1
+
+
+def gdn_pdl() -> bool:
+    """Whether the GDN prep/state pair uses programmatic dependent launch (REPLAYSSM_CONFIG gdn_pdl=0|1)."""
+    return bool(_OVERRIDES.get("gdn_pdl", (_GDN_PDL,))[0]) and not interpreted() and _sm90_or_later()
+
+
+_SM90: bool | None = None
+
+
+def _sm90_or_later() -> bool:
+    global _SM90
+    if _SM90 is None:
+        import torch
+
+        _SM90 = bool(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9)
+    return _SM90
 
 
 # K chunk of the checkpoint tile in the output-only GDN state launch (gdn/verify_split.py), for

@@ -24,8 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import (GDN_K_FORMS, gdn_history_rt, gdn_k_tree, gdn_prep_plan, gdn_replay_unroll, gdn_state_dot,
-                       gdn_state_kc, gdn_verify_config)
+from ..configs import (GDN_K_FORMS, gdn_history_rt, gdn_k_tree, gdn_pdl, gdn_prep_plan, gdn_replay_unroll,
+                       gdn_state_dot, gdn_state_kc, gdn_verify_config)
 from .common import gdn_gate, gdn_l2norm, gdn_l2norm_vec, gdn_tile_ids
 from .verify_mm import _gdn_verify_mm_kernel
 from .verify_split import _gdn_verify_prep_kernel, _gdn_verify_state_kernel, scratch_floats
@@ -323,6 +323,7 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
                          "(REPLAYSSM_CONFIG=gdn_k_tree=1)")
     ring_fk = rings.replay_keys(tree)
     prep_warps, prep_kc = gdn_prep_plan(K)
+    pdl = gdn_pdl()
     _gdn_verify_prep_kernel[(B * H,)](
         q, k, a, b, A_log, dt_bias, rings.k, rings.g, rings.rawk, rings.beta,
         slot_idx, wpos, origin, scratch, rows[0], rows[1],
@@ -331,7 +332,7 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
         *sq, *sk, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         rings.k.stride(0), rings.g.stride(0), rings.rawk.stride(0), rings.beta.stride(0),
         H=H, HV=HV, K=K, BK=BK, BT=BT, RL=RL, RLB=RLB, NS=NS, ROWS=row_wp is not None, TREE=tree,
-        KC=prep_kc, RAW_K=rings.has_raw_keys, num_warps=prep_warps,
+        KC=prep_kc, RAW_K=rings.has_raw_keys, PDL=pdl, num_warps=prep_warps,
     )
     _gdn_verify_state_kernel[(triton.cdiv(V, BV) * B * HV,)](
         q, k, v, out, state, rings.d, rings.rawv,
@@ -346,6 +347,6 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT, RL=RL, RLB=RLB, NS=NS, EVICT=True, ROWS=row_wp is not None,
         FLUSH=flush_cols > 0, BVF=min(max(flush_cols, 1), BV), UNROLL=gdn_replay_unroll(), TREE=tree,
         KC=0 if dot else gdn_state_kc(K, decode=decode), RT=gdn_history_rt(decode=decode),
-        DOT=dot, NP=max(16, 2 * BT), row_order=row_order, ORDER=row_order is not None,
-        num_warps=num_warps, num_stages=num_stages,
+        DOT=dot, NP=max(16, 2 * BT), row_order=row_order, ORDER=row_order is not None, PDL=pdl,
+        num_warps=num_warps, num_stages=num_stages, **({"launch_pdl": True} if pdl else {}),
     )

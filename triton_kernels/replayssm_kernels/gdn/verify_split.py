@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .common import gdn_decode_flush, gdn_gate, gdn_l2norm, gdn_l2norm_rows, gdn_tile_ids
 
@@ -142,8 +143,10 @@ def _gdn_verify_prep_kernel(
     stride_k_slot, stride_g_slot, stride_rawk_slot, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
     RL: tl.constexpr, RLB: tl.constexpr, NS: tl.constexpr, ROWS: tl.constexpr = False, TREE: tl.constexpr = False,
-    KC: tl.constexpr = 0, RAW_K: tl.constexpr = True,
+    KC: tl.constexpr = 0, RAW_K: tl.constexpr = True, PDL: tl.constexpr = False,
 ):
+    if PDL:
+        gdc_launch_dependents()  # the state launch may start now; it waits before reading `scratch`
     i_n, i_h = tl.program_id(0) // H, tl.program_id(0) % H
     slot = tl.load(slot_idx + i_n).to(tl.int64)
     if slot < 0:
@@ -273,7 +276,7 @@ def _gdn_verify_state_kernel(
     NS: tl.constexpr, EVICT: tl.constexpr, ROWS: tl.constexpr = False, FLUSH: tl.constexpr = False,
     BVF: tl.constexpr = 8, UNROLL: tl.constexpr = 1, TREE: tl.constexpr = False, KC: tl.constexpr = 0,
     RT: tl.constexpr = False, DOT: tl.constexpr = False, NP: tl.constexpr = 16, row_order=None,
-    ORDER: tl.constexpr = False,
+    ORDER: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
     if ORDER:
@@ -340,6 +343,10 @@ def _gdn_verify_state_kernel(
     OFF_EG: tl.constexpr = OFF_C + BT * BT
     OFF_BETA: tl.constexpr = OFF_EG + BT
     OFF_DEC: tl.constexpr = OFF_BETA + BT
+    if PDL:
+        # Launched while the prep launch may still run: the tile and ring history above do not
+        # come from it (nor does anything a flush row reads); its scratch below does.
+        gdc_wait()
     p_sc = scratch + (i_n * HV + i_hv).to(tl.int64) * NS
     b_dec = tl.load(p_sc + OFF_DEC)
 
