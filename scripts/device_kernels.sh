@@ -10,8 +10,9 @@
 # .whl is built by ../shared/devtools/sglang_device_wheels.sh (SGLang 0.5.17 for the baselines);
 # carry .site instead (scripts/device_site_pack.sh) to have the whole server set in the same call.
 # Writes $OUT/{kernel_tests.log, profile_gdn.log, bench.log, bench.json}; prints the tables last.
-# Parts: tests | gdntests (GDN only) | profile | bench | m2profile (default: the first three; m2profile: the Mamba-2
-# per-phase profile, $OUT/profile_m2.{log,json}; M2PROFILE_ARGS adds flags).
+# Parts: tests | gdntests (GDN only) | profile | bench | m2profile | pdlprobe (default: the first three; m2profile:
+# the Mamba-2 per-phase profile, $OUT/profile_m2.{log,json}; M2PROFILE_ARGS adds flags; pdlprobe:
+# scripts/pdl_probe.py, $OUT/pdl_probe.log, PDLPROBE_ARGS adds flags, PDLPROBE_TIMEOUT default 300 s).
 # Env: GDNPROFILE_ARGS / GDNPROFILE_TIMEOUT (extra profile_gdn_phases.py flags, seconds; default 150),
 #      GDNTESTS_TIMEOUT (seconds for gdntests, default 240; session 16 ran them in 195 s),
 #      GDNTESTS_K (a pytest -k expression: a subset of the GDN kernel tests),
@@ -49,6 +50,10 @@ if has m2profile; then
   timeout "${M2PROFILE_TIMEOUT:-300}" python3 scripts/profile_mamba2_phases.py --json "$OUT/profile_m2.json" \
     ${M2PROFILE_ARGS:-} > "$OUT/profile_m2.log" 2>&1
   echo "m2profile rc=$?"; grep -A40 "^plan " "$OUT/profile_m2.log"
+fi
+if has pdlprobe; then
+  timeout "${PDLPROBE_TIMEOUT:-300}" python3 scripts/pdl_probe.py ${PDLPROBE_ARGS:-} > "$OUT/pdl_probe.log" 2>&1
+  echo "pdlprobe rc=$?"; tail -25 "$OUT/pdl_probe.log"
 fi
 if has bench; then
   timeout "${BENCH_TIMEOUT:-540}" python3 scripts/bench_kernels.py --reps 12 --json "$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1

@@ -24,6 +24,10 @@
 #                  with it on, verify phases at batch 256 per tile off vs on, the benchmark with it  [.whl]
 #   gdn_order      GDN decode cycles at batch 256, synchronised and staggered, per row order of the state
 #                  launch (configs.gdn_flush_spread) and per non-flush product option; bench  [.site]
+#   gdn_pdl        the GDN prep/state pair with programmatic dependent launch (configs.gdn_pdl, off):
+#                  scripts/pdl_probe.py (eager and CUDA-graph steps with a watchdog: the bench gave no
+#                  result with it on in session 27), then if that passed the GDN kernel tests and the
+#                  benchmark at batches 1 and 256 with it on                               [.site]
 #   gdn_small      GDN spec below batch 64: the one-launch commit (cursor move inside the fold): tests
 #                  with it on, bench 64/32/8/1 timing the commit both ways               [.whl]
 #   gdn_sweep      GDN launch plans and the exact replay's unroll depths vs SGLang's kernels  [.whl]
@@ -210,6 +214,21 @@ step_gdn_order() {
     gdn_flush_spread=-1 gdn_history_rt=0x1 gdn_state_dot=1x1 gdn_state_dot=1x1,gdn_history_rt=0x1
   run env OUT="$d" REPLAYSSM_CONFIG=gdn_flush_spread=25 BENCH_TIMEOUT=$(( $(left) - 15 )) \
     BENCH_ARGS="--family gdn --batches 256" bash scripts/device_kernels.sh bench
+}
+
+step_gdn_pdl() {
+  # Session 27: the decode's prep launch runs exposed (24 us of a 153 us non-flush step at batch
+  # 256). With gdn_pdl=1 the GDN kernel tests passed on the H200 (eager), but bench_kernels.py, which
+  # times CUDA-graph replays, printed nothing within 150 s. The probe names the step that stalls (a
+  # stack dump at its watchdog) or times both; only if it passes do the tests and the bench follow.
+  local d="$OUT/gdn_pdl"
+  run env OUT="$d" PDLPROBE_TIMEOUT=260 PDLPROBE_ARGS="--batches 1,256 --watchdog 240" \
+    bash scripts/device_kernels.sh pdlprobe
+  [ "$DRY" = 1 ] || grep -q "^| 256 | spec |" "$d/pdl_probe.log" 2>/dev/null || { say "pdl probe did not finish: see $d/pdl_probe.log"; return 1; }
+  run env OUT="$d" REPLAYSSM_CONFIG=gdn_pdl=1 GDNTESTS_TIMEOUT=240 GDNTESTS_K="decode or verify" \
+    bash scripts/device_kernels.sh gdntests
+  run env OUT="$d" REPLAYSSM_CONFIG=gdn_pdl=1 BENCH_TIMEOUT=$(( $(left) - 15 )) BENCH_ARGS="--family gdn --batches 1,256" \
+    bash scripts/device_kernels.sh bench
 }
 
 step_gdn_small() {
@@ -442,7 +461,7 @@ step_aime() {
     --time-budget $(( $(left) - 30 ))
 }
 
-STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_order gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
+STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_order gdn_pdl gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
 [ $# -gt 0 ] || { echo "usage: $0 STEP [STEP ...]; steps: ${STEPS[*]}" >&2; exit 2; }
 for s in "$@"; do
   [[ " ${STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s; steps: ${STEPS[*]}" >&2; exit 2; }

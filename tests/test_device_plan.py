@@ -72,7 +72,7 @@ def test_every_step_command_parses(tmp_path, monkeypatch):
             aime.parse_args(cmd[cmd.index("scripts/aime_parity.py") + 1:])
             seen["aime"] += 1
         elif "scripts/device_kernels.sh" in cmd:
-            assert cmd[-1] in ("tests", "gdntests", "bench", "m2profile", "profile") and any(x.startswith("OUT=") for x in cmd), joined
+            assert cmd[-1] in ("tests", "gdntests", "bench", "m2profile", "profile", "pdlprobe") and any(x.startswith("OUT=") for x in cmd), joined
             prof_args = [x[len("GDNPROFILE_ARGS="):] for x in cmd if x.startswith("GDNPROFILE_ARGS=")]
             if prof_args:  # parsed (and its plans checked) by the profiler's own parser
                 load_script("profile_gdn_phases").parse_args(["--batch", "256", "--ceiling", *shlex.split(prof_args[0])])
@@ -80,6 +80,8 @@ def test_every_step_command_parses(tmp_path, monkeypatch):
                 for item in cfg.split(","):  # what configs._env_overrides would refuse on the GPU
                     name, _, val = item.partition("=")
                     assert parse_plan(name, val) is not None, f"REPLAYSSM_CONFIG entry {item!r} in {joined}"
+            for probe_args in (x[len("PDLPROBE_ARGS="):] for x in cmd if x.startswith("PDLPROBE_ARGS=")):
+                load_script("pdl_probe").parse_args(shlex.split(probe_args))
             bench_args = [x[len("BENCH_ARGS="):] for x in cmd if x.startswith("BENCH_ARGS=")]
             if bench_args:
                 # bench_kernels parses its flags before it asks for a GPU: on the CPU a good command

@@ -745,30 +745,35 @@ def test_gdn_state_kc_config(monkeypatch):
         gdn_prep_plan(128)
 
 
-def test_gdn_pdl_config_and_launch(monkeypatch):
-    """configs.gdn_pdl: on by default on sm_90+, never under the interpreter (inline PTX) nor on an
-    older GPU, and off with gdn_pdl=0. When on, the two-launch pair is built with PDL in both kernels
-    and the state kernel goes out with `launch_pdl`; when off, neither. The launches are spied
-    (the interpreter cannot run griddepcontrol: scripts/kernel_regs.py's offline build checks the
-    PTX, tests/test_kernel_regs.py)."""
+def test_gdn_pdl_config_and_launch(monkeypatch, device):
+    """configs.gdn_pdl: off by default (unverified under CUDA graphs, configs.py); gdn_pdl=1 turns it
+    on for sm_90+, never under the interpreter (inline PTX) nor on an older GPU. When on, the
+    two-launch pair is built with PDL in both kernels and the state kernel goes out with
+    `launch_pdl`; when off, neither. On the CPU the spy drops the flags before the interpreter runs
+    the kernels (scripts/kernel_regs.py's offline build checks their PTX, tests/test_kernel_regs.py);
+    on an sm_90 GPU the kernels run with them, and the outputs and rings equal those without PDL."""
     from replayssm_kernels import configs
     from replayssm_kernels.configs import override
     from replayssm_kernels.gdn import verify as ver_mod
 
+    interp = os.environ.get("TRITON_INTERPRET", "0")
+    sm90 = configs._sm90_or_later()
     monkeypatch.setattr(configs, "_OVERRIDES", {})
     monkeypatch.setattr(configs, "_SM90", True)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    assert configs.gdn_pdl()
-    assert "gdn_pdl=1" in configs.describe()
-    with override("gdn_pdl", (0,)):
+    assert not configs.gdn_pdl() and "gdn_pdl=0" in configs.describe()
+    with override("gdn_pdl", (1,)):
+        assert configs.gdn_pdl() and "gdn_pdl=1" in configs.describe()
+        monkeypatch.setattr(configs, "_SM90", False)
         assert not configs.gdn_pdl()
-    monkeypatch.setattr(configs, "_SM90", False)
-    assert not configs.gdn_pdl()
-    monkeypatch.setattr(configs, "_SM90", True)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert not configs.gdn_pdl()
+        monkeypatch.setattr(configs, "_SM90", True)
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        assert not configs.gdn_pdl()
+    monkeypatch.setenv("TRITON_INTERPRET", interp)
+    monkeypatch.setattr(configs, "_SM90", sm90)
 
     seen = {}
+    run_pdl = device != "cpu" and sm90
 
     def spy(name):
         kernel = getattr(ver_mod, name)
@@ -776,28 +781,37 @@ def test_gdn_pdl_config_and_launch(monkeypatch):
         class Spy:
             def __getitem__(self, grid):
                 def launch(*a, **k):
-                    seen[name] = (k.get("PDL"), k.pop("launch_pdl", None))
-                    k["PDL"] = False  # the interpreter runs the same kernel without the PTX
+                    seen[name] = (k.get("PDL"), k.get("launch_pdl"))
+                    if not run_pdl:
+                        k.pop("launch_pdl", None)
+                        k["PDL"] = False
                     return kernel[grid](*a, **k)
                 return launch
         return Spy()
 
     for name in ("_gdn_verify_prep_kernel", "_gdn_verify_state_kernel"):
         monkeypatch.setattr(ver_mod, name, spy(name))
-    B, T, H, HV, K, V, L = 2, 2, 2, 4, 16, 16, 8
+    B, T, H, HV, K, V, L = 3, 3, 2, 4, 32, 32, 8
+    got = {}
     for pdl in (True, False):
         monkeypatch.setattr(ver_mod, "gdn_pdl", lambda pdl=pdl: pdl)
         seen.clear()
         h = GDNHarness(batch=B, num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V,
-                       A_log=torch.zeros(HV), dt_bias=torch.zeros(HV), ring_len=L, max_draft_tokens=T, device="cpu")
-        h.verify(*_pdl_inputs(B, T, H, HV, K, V))
+                       A_log=torch.linspace(-1, 0.5, HV), dt_bias=torch.zeros(HV), ring_len=L, max_draft_tokens=T,
+                       device=device)
+        outs = []
+        for step in range(3):  # the second and third windows read the first ones' ring entries
+            outs.append(h.verify(*_pdl_inputs(B, T, H, HV, K, V, step, device)))
+            h.commit(torch.tensor([T, 1, 2], dtype=torch.int32, device=device))
+        got[pdl] = (torch.stack(outs), h.state())
         assert seen == {"_gdn_verify_prep_kernel": (pdl, None),
                         "_gdn_verify_state_kernel": (pdl, True if pdl else None)}, (pdl, seen)
+    assert torch.equal(got[True][0], got[False][0]) and torch.equal(got[True][1], got[False][1])
 
 
-def _pdl_inputs(B, T, H, HV, K, V):
-    g = torch.Generator().manual_seed(5)
+def _pdl_inputs(B, T, H, HV, K, V, seed, device):
+    g = torch.Generator().manual_seed(5 + seed)
     q, k = (torch.randn(B, T, H, K, generator=g) for _ in range(2))
     v = torch.randn(B, T, HV, V, generator=g)
     a, b = (torch.randn(B, T, HV, generator=g) for _ in range(2))
-    return q, k, v, a, b
+    return tuple(x.to(device=device, dtype=torch.bfloat16) for x in (q, k, v, a, b))

@@ -435,11 +435,16 @@ def gdn_flush_phase() -> bool:
 # The GDN two-launch pair (gdn/verify_split.py) with programmatic dependent launch: the prep
 # launch lets the state launch start at once, and each state program reads its checkpoint tile
 # and ring history (the launch's bytes) before it waits for the prep launch's products
-# (`griddepcontrol.wait`). Profiled on the H200, 2026-12-04 (docs/perf.md run 14, batch 256,
-# HV = 32): the decode's non-flush step was 153.5 us, of which the prep launch alone 23.9 and the
-# state launch alone 132.9, so the prep ran exposed. Scheduling only, no result changes. sm_90 and
-# later; never under the interpreter (no inline PTX there). 0 = off, 1 = on.
-_GDN_PDL = 1
+# (`griddepcontrol.wait`). Why: profiled on the H200, 2026-12-04 (docs/perf.md run 14, batch 256,
+# HV = 32), the decode's non-flush step was 153.5 us, of which the prep launch alone 23.9 and the
+# state launch alone 132.9: the prep runs exposed. Scheduling only, no result changes; sm_90 and
+# later, never under the interpreter (no inline PTX there). OFF: on the H200 (same run) the GDN
+# kernel tests passed with it (eager launches), but the kernel benchmark, which times CUDA-graph
+# replays, gave no result within its 150 s limit with it on (without it, both batch sizes within
+# the same limit): a hang or a stall under graph
+# capture/replay is not ruled out, and SGLang serves from CUDA graphs. `scripts/pdl_probe.py`
+# checks eager and graph replays with a watchdog. 0 = off, 1 = on.
+_GDN_PDL = 0
 
 
 def gdn_pdl() -> bool:
