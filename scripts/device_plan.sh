@@ -28,6 +28,8 @@
 #                  scripts/pdl_probe.py (eager and CUDA-graph steps with a watchdog: the bench gave no
 #                  result with it on in session 27), then if that passed the GDN kernel tests and the
 #                  benchmark at batches 1 and 256 with it on                               [.site]
+#   gdn_prep       the GDN pair's prep launch plans (configs.gdn_prep, never timed): GDN kernel tests with
+#                  1x32, the decode's launches alone and the verify phases per plan, bench  [.site]
 #   gdn_small      GDN spec below batch 64: the one-launch commit (cursor move inside the fold): tests
 #                  with it on, bench 64/32/8/1 timing the commit both ways               [.whl]
 #   gdn_sweep      GDN launch plans and the exact replay's unroll depths vs SGLang's kernels  [.whl]
@@ -229,6 +231,19 @@ step_gdn_pdl() {
     bash scripts/device_kernels.sh gdntests
   run env OUT="$d" REPLAYSSM_CONFIG=gdn_pdl=1 BENCH_TIMEOUT=$(( $(left) - 15 )) BENCH_ARGS="--family gdn --batches 1,256" \
     bash scripts/device_kernels.sh bench
+}
+
+step_gdn_prep() {
+  # Session 27 (perf.md run 14): the prep launch of the GDN pair runs exposed, 24 us of the decode's
+  # 153 us non-flush step at batch 256 (the verify's: 79-96 us in run 9). Its plans
+  # (configs.gdn_prep: warps x K chunk) were prepared in session 16 and never timed: the default
+  # (4, 0) is 4096 programs of 4 warps at batch 256, two waves on 132 SMs; one warp each fits one.
+  # The GDN kernel tests with 1x32, the decode's prep and state launches alone and the verify phases
+  # per plan (profiles.log), then the benchmark with 1x32.
+  option_study "$OUT/gdn_prep" gdn_prep=1x32 240 \
+    "--decode-configs 3x16x1x3x8x0x1 --decode-launches --verify-configs 16x1x2x4 --verify-fills 0,8 --fold-lens 4 --reps 15" \
+    gdn_prep=1x32 \
+    gdn_prep=4x0 gdn_prep=1x32 gdn_prep=1x0 gdn_prep=2x32 gdn_prep=2x0
 }
 
 step_gdn_small() {
@@ -461,7 +476,7 @@ step_aime() {
     --time-budget $(( $(left) - 30 ))
 }
 
-STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_order gdn_pdl gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
+STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_order gdn_pdl gdn_prep gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
 [ $# -gt 0 ] || { echo "usage: $0 STEP [STEP ...]; steps: ${STEPS[*]}" >&2; exit 2; }
 for s in "$@"; do
   [[ " ${STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s; steps: ${STEPS[*]}" >&2; exit 2; }
