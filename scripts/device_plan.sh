@@ -30,6 +30,8 @@
 #                  benchmark at batches 1 and 256 with it on                               [.site]
 #   gdn_prep       the GDN pair's prep launch plans (configs.gdn_prep, never timed): GDN kernel tests with
 #                  1x32, the decode's launches alone and the verify phases per plan, bench  [.site]
+#   gdn_plan4      GDN decode plan 4 (plan 3 without its prep launch, session 27, never on a GPU): the GDN
+#                  decode tests, decode cycles plan 3 vs 4, the benchmark at 256/128/64    [.site]
 #   gdn_small      GDN spec below batch 64: the one-launch commit (cursor move inside the fold): tests
 #                  with it on, bench 64/32/8/1 timing the commit both ways               [.whl]
 #   gdn_sweep      GDN launch plans and the exact replay's unroll depths vs SGLang's kernels  [.whl]
@@ -244,6 +246,22 @@ step_gdn_prep() {
     "--decode-configs 3x16x1x3x8x0x1 --decode-launches --verify-configs 16x1x2x4 --verify-fills 0,8 --fold-lens 4 --reps 15" \
     gdn_prep=1x32 \
     gdn_prep=4x0 gdn_prep=1x32 gdn_prep=1x0 gdn_prep=2x32 gdn_prep=2x0
+}
+
+step_gdn_plan4() {
+  # Session 27: decode plan 4 (configs.GDNDecodeConfig split=4) runs plan 3's state launch alone,
+  # each program making its own row's ring-key products and gate (the history keys read from the
+  # `k` ring in chunks of 4 entries; 96 registers offline against plan 3's 80). Run 14: plan 3's
+  # prep launch is 24 us of the 153 us non-flush step. The GDN decode tests (plan 4's included),
+  # whole decode cycles of both plans (synchronised and staggered with the row order), then the
+  # benchmark (its DECODE_CONFIGS time plan 4 beside plan 3, after its GPU check of every plan).
+  local d="$OUT/gdn_plan4"
+  run env OUT="$d" GDNTESTS_TIMEOUT=200 GDNTESTS_K="decode" bash scripts/device_kernels.sh gdntests
+  profile_per_config "$d" \
+    "--decode-configs 3x16x1x3x8x0x1,4x16x1x3x8x0x1,4x32x1x3x8x0x1 --decode-launches --no-verify --fold-lens 15 --cycle-spreads off,75 --reps 15" \
+    gdn_flush_spread=75
+  run env OUT="$d" BENCH_TIMEOUT=$(( $(left) - 15 )) BENCH_ARGS="--family gdn --batches 256,128,64" \
+    bash scripts/device_kernels.sh bench
 }
 
 step_gdn_small() {
@@ -476,7 +494,7 @@ step_aime() {
     --time-budget $(( $(left) - 30 ))
 }
 
-STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_order gdn_pdl gdn_prep gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
+STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_order gdn_pdl gdn_prep gdn_plan4 gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
 [ $# -gt 0 ] || { echo "usage: $0 STEP [STEP ...]; steps: ${STEPS[*]}" >&2; exit 2; }
 for s in "$@"; do
   [[ " ${STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s; steps: ${STEPS[*]}" >&2; exit 2; }

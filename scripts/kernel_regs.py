@@ -139,6 +139,13 @@ def gdn_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
             kern = verify_split._gdn_verify_state_kernel
             rows.append((f"{what}: two-launch state bv{bv} w1 kc{kc}{' history-rt' if rt else ''}",
                          *ptxas_report(kern, signature(kern, ptrs, c), c, 1, 2)))
+    # Decode plan 4: plan 3's state launch that makes its own ring products (no prep launch).
+    c = dict(H=H, HV=HV, K=K, V=V, BK=head["BK"], BV=16, BT=1, RL=L, RLB=head["RLB"],
+             NS=verify_split.scratch_floats(1, head["RLB"]), EVICT=True, ROWS=True, FLUSH=True, KC=0, RT=True,
+             INLINE=True)
+    kern = verify_split._gdn_verify_state_kernel
+    rows.append(("decode plan 4 (state launch with its own ring products) bv16 w1 history-rt",
+                 *ptxas_report(kern, signature(kern, {**ptrs, "ring_kn": "*fp32", "ring_kraw": "*bf16"}, c), c, 1, 2)))
     for bvf in (32, 8):
         for unroll in (gdn_replay_unroll(), *GDN_UNROLL_SWEEP):
             c = dict(H=H, HV=HV, K=K, V=V, BK=head["BK"], BV=32, BVF=bvf, RL=L, HAS_DST=False, HAS_SNAP=True,

@@ -102,6 +102,10 @@ def test_gdn_decode(B, H, HV, K, V, L, dtype, steps, device, assert_within_basel
     pytest.param((3, 16, 1, 3, 8, 0, 1), (128, 128, 16), id="plan3-bv16-flushcols8-K128"),
     pytest.param((3, 16, 1, 3, 16, 0, 1), (48, 40, 4), id="plan3-bv16-flushcols16-K48"),
     pytest.param((3, 8, 1, 3, 32, 0, 1), (32, 40, 4), id="plan3-bv8-K32"),
+    # Plan 4: plan 3 without the prep launch (the state launch's programs make the ring products).
+    pytest.param((4, 16, 1, 3, 8, 0, 1), (128, 128, 16), id="plan4-bv16-flushcols8-K128"),
+    pytest.param((4, 16, 1, 3, 16, 0, 1), (48, 40, 4), id="plan4-bv16-flushcols16-K48"),
+    pytest.param((4, 8, 1, 3, 32, 0, 1), (32, 40, 4), id="plan4-bv8-K32"),
 ])
 def test_gdn_decode_launch_variants(cfg, shape, device, assert_within_baseline):
     """Every launch plan of configs.GDNDecodeConfig keeps the committed state bit-exact."""

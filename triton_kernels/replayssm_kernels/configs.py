@@ -120,7 +120,9 @@ class GDNDecodeConfig:
         kernels with T = 1 (ring products once per key head, then a light state pass). The flush
         launch always uses the baseline's tile (32 columns, one warp). 3 = as 2 without the flush
         launch: the state pass runs the flush rows on the exact path itself (`block_v` columns,
-        `flush_cols` at a time; one warp unless the tree form (1) is on).
+        `flush_cols` at a time; one warp unless the tree form (1) is on). 4 = as 3 without the prep
+        launch: each program of the state launch makes its own row's ring-key products and gate
+        (read from the `k` ring, L2-resident across the key head's programs), one launch per step.
     flush_cols: V columns replayed at a time by the exact (flush) path (divides 32).
     use_dot: non-flush products on tensor cores (tf32x3) instead of warp reductions.
     evict_first: stream the checkpoint through L2 on non-flush rows.

@@ -217,7 +217,7 @@ def gdn_replay_decode(
         scale (float, optional): query scale, default `K ** -0.5`.
         out (torch.Tensor, optional): `[B, HV, V]` output buffer (activation dtype).
         row_order (torch.Tensor, optional): `[B]` int32 permutation of the rows from
-            `cursors.decode_row_order`: the order in which decode plan 3's state launch takes
+            `cursors.decode_row_order`: the order in which decode plan 3 or 4's state launch takes
             them (scheduling only; other plans ignore it). Results are the same either way.
 
     Returns:
@@ -278,12 +278,13 @@ def gdn_replay_decode(
         )
 
     bv_cfg = min(triton.next_power_of_2(V), cfg.block_v)
-    if cfg.split == 3:
-        # One launch fewer: the state launch of the two-launch pair also runs the flush rows.
+    if cfg.split in (3, 4):
+        # One launch fewer: the state launch of the two-launch pair also runs the flush rows; plan 4
+        # also leaves out the prep launch (each state program makes its row's ring products).
         _verify_split(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), a.unsqueeze(1), b.unsqueeze(1), A_log, dt_bias,
                       state, rings, slot_idx, row_wp, origin, scale, out.view(B, 1, HV, V), BK, bv_cfg,
                       cfg.num_warps, cfg.num_stages, row_wp=row_wp, row_flush=row_flush,
-                      flush_cols=min(cfg.flush_cols, bv_cfg), row_order=row_order)
+                      flush_cols=min(cfg.flush_cols, bv_cfg), row_order=row_order, inline_prep=cfg.split == 4)
     elif cfg.split == 2:
         # Flush rows on the exact branch; non-flush rows through the two-launch verify pair with
         # T = 1 (per-head ring products first, then a light pass over each checkpoint tile).

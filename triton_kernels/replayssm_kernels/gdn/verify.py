@@ -296,11 +296,13 @@ def gdn_replay_verify(
 
 
 def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, origin, scale, out,
-                  BK, BV, num_warps, num_stages, row_wp=None, row_flush=None, flush_cols=0, row_order=None):
+                  BK, BV, num_warps, num_stages, row_wp=None, row_flush=None, flush_cols=0, row_order=None,
+                  inline_prep=False):
     """Two-launch verify (verify_split.py): per-head window algebra, then one pass over the state.
     With `row_wp`/`row_flush` (decode, T = 1) only the non-flush rows are computed, unless
     `flush_cols` > 0: then the state launch also runs the flush rows exactly, `flush_cols`
-    columns at a time (decode plan 3), in the order of `row_order` if given."""
+    columns at a time (decode plan 3), in the order of `row_order` if given. `inline_prep`
+    (decode plan 4) leaves out the prep launch: each state program makes its row's products."""
     B, T, H, K = k.shape
     HV, V = state.shape[1], state.shape[2]
     BT = triton.next_power_of_2(T)
@@ -309,11 +311,13 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
     decode = row_wp is not None
     # Tensor-core products need tiles of 16+ rows and keys (a launch-plan choice: both paths give
     # the outputs within the baseline's error, and neither touches the committed state).
-    dot = gdn_state_dot(decode) and BV >= 16 and BK >= 16
+    if inline_prep and (not decode or T != 1):
+        raise ValueError("inline_prep is decode plan 4's (T = 1 with row_wp/row_flush)")
+    dot = gdn_state_dot(decode) and BV >= 16 and BK >= 16 and not inline_prep
     if dot:
         RLB = max(RLB, 16)  # the history product's inner dimension (prep and state share the scratch layout)
     NS = scratch_floats(BT, RLB)
-    scratch = torch.empty((B, HV, NS), dtype=torch.float32, device=state.device)
+    scratch = torch.empty((1,) if inline_prep else (B, HV, NS), dtype=torch.float32, device=state.device)
     sq, sk, sv = _strides4(q, K, "q"), _strides4(k, K, "k"), _strides4(v, V, "v")
     rows = (row_wp, row_flush) if row_wp is not None else (slot_idx, slot_idx)  # unused without ROWS
     tree = gdn_k_tree(K)
@@ -323,17 +327,19 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
                          "(REPLAYSSM_CONFIG=gdn_k_tree=1)")
     ring_fk = rings.replay_keys(tree)
     prep_warps, prep_kc = gdn_prep_plan(K)
-    pdl = gdn_pdl()
-    _gdn_verify_prep_kernel[(B * H,)](
-        q, k, a, b, A_log, dt_bias, rings.k, rings.g, rings.rawk, rings.beta,
-        slot_idx, wpos, origin, scratch, rows[0], rows[1],
-        scale, 1.0, 20.0,
-        T,
-        *sq, *sk, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-        rings.k.stride(0), rings.g.stride(0), rings.rawk.stride(0), rings.beta.stride(0),
-        H=H, HV=HV, K=K, BK=BK, BT=BT, RL=RL, RLB=RLB, NS=NS, ROWS=row_wp is not None, TREE=tree,
-        KC=prep_kc, RAW_K=rings.has_raw_keys, PDL=pdl, num_warps=prep_warps,
-    )
+    pdl = gdn_pdl() and not inline_prep
+    kc = 0 if dot or inline_prep else gdn_state_kc(K, decode=decode)
+    if not inline_prep:
+        _gdn_verify_prep_kernel[(B * H,)](
+            q, k, a, b, A_log, dt_bias, rings.k, rings.g, rings.rawk, rings.beta,
+            slot_idx, wpos, origin, scratch, rows[0], rows[1],
+            scale, 1.0, 20.0,
+            T,
+            *sq, *sk, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            rings.k.stride(0), rings.g.stride(0), rings.rawk.stride(0), rings.beta.stride(0),
+            H=H, HV=HV, K=K, BK=BK, BT=BT, RL=RL, RLB=RLB, NS=NS, ROWS=row_wp is not None, TREE=tree,
+            KC=prep_kc, RAW_K=rings.has_raw_keys, PDL=pdl, num_warps=prep_warps,
+        )
     _gdn_verify_state_kernel[(triton.cdiv(V, BV) * B * HV,)](
         q, k, v, out, state, rings.d, rings.rawv,
         slot_idx, wpos, origin, scratch, rows[0], rows[1],
@@ -346,7 +352,9 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
         ring_fk.stride(0), rings.g.stride(0), rings.beta.stride(0),
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT, RL=RL, RLB=RLB, NS=NS, EVICT=True, ROWS=row_wp is not None,
         FLUSH=flush_cols > 0, BVF=min(max(flush_cols, 1), BV), UNROLL=gdn_replay_unroll(), TREE=tree,
-        KC=0 if dot else gdn_state_kc(K, decode=decode), RT=gdn_history_rt(decode=decode),
+        KC=kc, RT=gdn_history_rt(decode=decode),
         DOT=dot, NP=max(16, 2 * BT), row_order=row_order, ORDER=row_order is not None, PDL=pdl,
+        ring_kn=rings.k, ring_kraw=rings.rawk, stride_kn_slot=rings.k.stride(0), stride_kraw_slot=rings.rawk.stride(0),
+        INLINE=inline_prep, RAW_K=rings.has_raw_keys,
         num_warps=num_warps, num_stages=num_stages, **({"launch_pdl": True} if pdl else {}),
     )
