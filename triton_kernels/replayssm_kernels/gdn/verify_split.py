@@ -26,6 +26,10 @@ decode kernel's exact branch runs them in a launch of its own, decode plan 2) or
 runs them itself on the exact path (plan 3: one launch fewer per step, whose idle programs cost
 tens of microseconds at batch 256). With `ORDER` plan 3's state launch takes its rows in the order
 of `row_order` (cursors.decode_row_order: the long flush rows early), which changes no result.
+With `INLINE` (decode plan 4) there is no prep launch: each state program makes its own row's
+history products, gate and `M`, `C` (`_decode_inline_prep`) and writes the token's g, beta and
+keys into the rings as the prep kernel would (the same gate and norm expressions, so the exact
+fold reads the same bits). With `PDL` the pair uses programmatic dependent launch (configs.gdn_pdl).
 """
 
 from __future__ import annotations
