@@ -61,9 +61,13 @@ DECODE_CASES = [
 
 
 @pytest.mark.parametrize("B,H,HV,K,V,L,dtype,steps", DECODE_CASES)
-def test_gdn_decode(B, H, HV, K, V, L, dtype, steps, device, assert_within_baseline):
+def test_gdn_decode(B, H, HV, K, V, L, dtype, steps, device, assert_within_baseline, key_corr=0.0):
+    """`key_corr` > 0 pulls every step's keys and queries towards one direction per row and key head
+    (x = c d + (1 - c) x), so that the ring history's key products weigh in the outputs (with
+    independent random keys they are small, and an error in them can stay within the tolerance)."""
     gen = torch.Generator().manual_seed(1000 + 7 * L + K)
     A_log, dt_bias = _params(HV, device, gen)
+    d = torch.randn(B, 1, H, K, generator=gen).to(device)
     h = GDNHarness(batch=B, num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V,
                    A_log=A_log, dt_bias=dt_bias, ring_len=L, max_draft_tokens=1, device=device)
     S0 = (torch.randn(B, HV, V, K, generator=gen) * 0.3).to(device)
@@ -73,6 +77,8 @@ def test_gdn_decode(B, H, HV, K, V, L, dtype, steps, device, assert_within_basel
     flushes = 0
     for step in range(steps):
         q, k, v, a, b = _inputs(B, 1, H, HV, K, V, dtype, device, gen)
+        if key_corr:
+            q, k = ((key_corr * d + (1 - key_corr) * x.float()).to(dtype) for x in (q, k))
         force = (torch.rand(B, generator=gen) < 0.15).to(device) if step % 5 == 3 else None
         o = h.decode(q[:, 0], k[:, 0], v[:, 0], a[:, 0], b[:, 0], force_flush=force)
         o_base = _baseline(S_base, q, k, v, a, b, A_log, dt_bias)[:, 0]
@@ -114,6 +120,16 @@ def test_gdn_decode_launch_variants(cfg, shape, device, assert_within_baseline):
     K, V, L = shape
     with override("gdn_decode", cfg):
         test_gdn_decode(2, 1, 2, K, V, L, bf16, 18 if L == 16 else 9, device, assert_within_baseline)
+
+
+@pytest.mark.parametrize("split", [3, 4])
+def test_gdn_decode_plans_correlated_keys(split, device, assert_within_baseline):
+    """Decode plans 3 (prep launch) and 4 (each state program makes the ring products) with keys
+    and queries that share a direction, so that the ring history's products carry the outputs."""
+    from replayssm_kernels.configs import override
+
+    with override("gdn_decode", (split, 16, 1, 3, 8, 0, 1)):
+        test_gdn_decode(2, 1, 2, 64, 32, 8, bf16, 12, device, assert_within_baseline, key_corr=0.9)
 
 
 VERIFY_CASES = [
