@@ -86,6 +86,10 @@ class Setup:
         gdn_commit(self.state[None], self.rings_all, self.slots, self.wpos, self.origin, self.acc, self.T,
                    self.tickets)
 
+    def step(self, kind):
+        """The step function of `kind` ("decode" or "spec")."""
+        return self.decode_step if kind == "decode" else self.spec_step
+
     def snapshot(self, kind):
         out = self.out_d if kind == "decode" else self.out_v
         return [out.clone(), self.state.clone(), self.wpos.clone(), self.origin.clone(),
@@ -99,7 +103,7 @@ def sync(dev: str) -> None:
 
 def run_steps(s: Setup, kind: str, n: int, graph: bool):
     """`n` steps of `kind` from a fresh reset, eager or as one captured step replayed `n` times."""
-    step = s.decode_step if kind == "decode" else s.spec_step
+    step = s.step(kind)
     s.reset()
     if not graph:
         for _ in range(n):
@@ -154,7 +158,7 @@ def _probe(args, on_gpu: bool) -> list:
                 say(f"B={B} {kind} timing pdl={pdl}")
                 with override("gdn_pdl", (pdl,)):
                     s.reset()
-                    step = s.decode_step if kind == "decode" else s.spec_step
+                    step = s.step(kind)
                     times[pdl] = bench_kernels.time_graph(lambda: [step() for _ in range(s.L)], s.L, args.reps)
             rows.append((B, kind, times[0], times[1]))
     return rows

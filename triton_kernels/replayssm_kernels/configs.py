@@ -443,9 +443,9 @@ def gdn_flush_phase() -> bool:
 # later, never under the interpreter (no inline PTX there). OFF: on the H200 (same run) the GDN
 # kernel tests passed with it (eager launches), but the kernel benchmark, which times CUDA-graph
 # replays, gave no result within its 150 s limit with it on (without it, both batch sizes within
-# the same limit): a hang or a stall under graph
-# capture/replay is not ruled out, and SGLang serves from CUDA graphs. `scripts/pdl_probe.py`
-# checks eager and graph replays with a watchdog. 0 = off, 1 = on.
+# the same limit): a hang or a stall under graph capture or replay is not ruled out, and SGLang
+# serves from CUDA graphs. `scripts/pdl_probe.py` checks eager and graph replays with a watchdog.
+# 0 = off, 1 = on.
 _GDN_PDL = 0
 
 
