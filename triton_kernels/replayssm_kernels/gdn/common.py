@@ -70,6 +70,25 @@ def gdn_l2norm(b_x):
 
 
 @triton.jit
+def gdn_ring_append_gate_keys(ring_g, ring_beta, ring_k, ring_rawk, stride_g_slot, stride_beta_slot, stride_k_slot,
+                              stride_rawk_slot, slot, phys, i_v, i_hv, i_h, b_g, b_beta, b_kn, b_kraw, o_k, mask_k,
+                              H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, RL: tl.constexpr,
+                              RAW_K: tl.constexpr):
+    """A decode token's per-head ring entries at physical position `phys`, each by one program:
+    `g` and `beta` by the first V tile of each value head, the normalised key `b_kn` (and the raw
+    key `b_kraw` where the rings keep it, `RAW_K`) by the first V tile of each key head's first
+    value head."""
+    if i_v == 0:
+        tl.store(ring_g + slot * stride_g_slot + i_hv * RL + phys, b_g)
+        tl.store(ring_beta + slot * stride_beta_slot + i_hv * RL + phys, b_beta)
+        if i_hv % (HV // H) == 0:
+            tl.store(ring_k + slot * stride_k_slot + (i_h * RL + phys) * K + o_k, b_kn.to(ring_k.dtype.element_ty),
+                     mask=mask_k)
+            if RAW_K:
+                tl.store(ring_rawk + slot * stride_rawk_slot + (i_h * RL + phys) * K + o_k, b_kraw, mask=mask_k)
+
+
+@triton.jit
 def gdn_exact_step(b_h, b_k, b_v, b_g, b_beta):
     """One recurrent step on a `[BK, BV]` fp32 tile.
 

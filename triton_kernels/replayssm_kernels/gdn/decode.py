@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ..configs import gdn_decode_config, gdn_k_tree, gdn_replay_unroll
-from .common import gdn_decode_flush, gdn_gate, gdn_l2norm, gdn_l2norm_vec, gdn_tile_ids
+from .common import gdn_decode_flush, gdn_gate, gdn_l2norm, gdn_l2norm_vec, gdn_ring_append_gate_keys, gdn_tile_ids
 from .rings import GDNRings, check_gdn_rings
 from .verify import _verify_split
 
@@ -102,14 +102,9 @@ def _decode_nonflush(
     tl.store(ring_d + slot * stride_d_slot + (i_hv * RL + phys) * V + o_v, b_u.to(ring_d.dtype.element_ty),
              mask=mask_v)
     tl.store(ring_rawv + slot * stride_rawv_slot + (i_hv * RL + phys) * V + o_v, b_v_raw, mask=mask_v)
-    if i_v == 0:
-        tl.store(ring_g + slot * stride_g_slot + i_hv * RL + phys, b_g)
-        tl.store(ring_beta + slot * stride_beta_slot + i_hv * RL + phys, b_beta)
-        if i_hv % (HV // H) == 0:
-            tl.store(ring_k + slot * stride_k_slot + (i_h * RL + phys) * K + o_k, b_k.to(ring_k.dtype.element_ty),
-                     mask=mask_k)
-            if RAW_K:
-                tl.store(ring_rawk + slot * stride_rawk_slot + (i_h * RL + phys) * K + o_k, b_k_raw, mask=mask_k)
+    gdn_ring_append_gate_keys(ring_g, ring_beta, ring_k, ring_rawk, stride_g_slot, stride_beta_slot, stride_k_slot,
+                              stride_rawk_slot, slot, phys, i_v, i_hv, i_h, b_g, b_beta, b_k, b_k_raw, o_k, mask_k,
+                              H, HV, K, RL, RAW_K)
 
 
 @triton.jit(do_not_specialize=["B"])

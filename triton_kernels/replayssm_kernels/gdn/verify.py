@@ -309,10 +309,10 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
     RL = rings.ring_len
     RLB = triton.next_power_of_2(RL)
     decode = row_wp is not None
-    # Tensor-core products need tiles of 16+ rows and keys (a launch-plan choice: both paths give
-    # the outputs within the baseline's error, and neither touches the committed state).
     if inline_prep and (not decode or T != 1):
         raise ValueError("inline_prep is decode plan 4's (T = 1 with row_wp/row_flush)")
+    # Tensor-core products need tiles of 16+ rows and keys (a launch-plan choice: both paths give
+    # the outputs within the baseline's error, and neither touches the committed state).
     dot = gdn_state_dot(decode) and BV >= 16 and BK >= 16 and not inline_prep
     if dot:
         RLB = max(RLB, 16)  # the history product's inner dimension (prep and state share the scratch layout)

@@ -38,7 +38,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .common import gdn_decode_flush, gdn_gate, gdn_l2norm, gdn_l2norm_rows, gdn_l2norm_vec, gdn_tile_ids
+from .common import (gdn_decode_flush, gdn_gate, gdn_l2norm, gdn_l2norm_rows, gdn_l2norm_vec, gdn_ring_append_gate_keys,
+                     gdn_tile_ids)
 
 
 @triton.jit
@@ -141,13 +142,12 @@ def _state_products_dot(q, k, b_h, b_ur, p_sc, b_dec, i_n, i_h, T, stride_q_row,
 def _decode_inline_prep(q, k, a, b, A_log, dt_bias, ring_kn, ring_g, b_h, b_ur, slot, org, wp, i_n, i_h, i_hv,
                         stride_q_row, stride_k_row, stride_a_row, stride_b_row, stride_kn_slot, stride_g_slot,
                         scale, softplus_beta, softplus_threshold, o_k, mask_k, o_j, m_j, phys_j, o_t,
-                        H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr,
-                        RLB: tl.constexpr, RT: tl.constexpr):
-    """What the prep launch gives a decode row's state program (T = 1), made by the program
-    itself: `(hk, hq)` (`[BV, BT]`) from the whole-K checkpoint tile `b_h` and the committed
-    `d` entries `b_ur`, and the window terms `exp(g)`, `beta` (`[BT]`), `M = I`, `C = k . q`
-    (`[BT, BT]`). The history keys are read from the `k` ring (L2: every value head and V tile
-    of the key head reads them)."""
+                        K: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr, RT: tl.constexpr):
+    """What the prep launch gives a decode row's state program (T = 1, so `BT` = 1), made by the
+    program itself: `(hk, hq)` (`[BV, 1]`) from the whole-K checkpoint tile `b_h` and the committed
+    `d` entries `b_ur`, the token's gate `g` and `beta` (scalars, the gate's bits: the ring keeps
+    them for the exact fold), and `M = I`, `C = k . q` (`[1, 1]`). The history keys are read from
+    the `k` ring (L2: every value head and V tile of the key head reads them)."""
     b_ks, b_qs = _probe(q, k, i_n, i_h, 0, 1, stride_q_row, 0, stride_k_row, 0, scale, o_k, mask_k, K)
     # The checkpoint products first, so that the tile's registers are free for the history keys.
     b_sk = tl.sum(b_h * b_ks[None, :], 1)
@@ -172,17 +172,15 @@ def _decode_inline_prep(q, k, a, b, A_log, dt_bias, ring_kn, ring_g, b_h, b_ur, 
     b_dec = tl.exp(b_gtot)
     b_wk = b_kk * b_w
     b_wq = b_kq * b_w
-    b_hk = (b_dec * b_sk + _history_dot(b_ur, b_wk, RT))[:, None] + tl.zeros([1, BT], tl.float32)
-    b_hq = (b_dec * b_sq + _history_dot(b_ur, b_wq, RT))[:, None] + tl.zeros([1, BT], tl.float32)
+    b_hk = (b_dec * b_sk + _history_dot(b_ur, b_wk, RT))[:, None]
+    b_hq = (b_dec * b_sq + _history_dot(b_ur, b_wq, RT))[:, None]
     b_g, b_beta = gdn_gate(tl.load(a + i_n * stride_a_row + i_hv).to(tl.float32),
                            tl.load(b + i_n * stride_b_row + i_hv).to(tl.float32),
                            tl.load(A_log + i_hv).to(tl.float32), tl.load(dt_bias + i_hv).to(tl.float32),
                            softplus_beta, softplus_threshold)
-    b_gv = tl.zeros([BT], tl.float32) + b_g
-    b_betav = tl.zeros([BT], tl.float32) + b_beta
     eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
     b_C = eye * tl.sum(b_ks * b_qs)
-    return b_hk, b_hq, b_gv, b_betav, eye, b_C
+    return b_hk, b_hq, b_g, b_beta, eye, b_C
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -405,12 +403,12 @@ def _gdn_verify_state_kernel(
     if INLINE:
         # Decode plan 4 (T = 1, whole-K tile, CUDA-core products): no prep launch; this program
         # makes the prep's products for its own row and value head (`_decode_inline_prep`).
-        b_hk, b_hq, b_gw, b_beta, b_M, b_C = _decode_inline_prep(
+        b_hk, b_hq, b_g, b_gb, b_M, b_C = _decode_inline_prep(
             q, k, a, b, A_log, dt_bias, ring_kn, ring_g, b_h, b_ur, slot, org, wp, i_n, i_h, i_hv,
             stride_q_row, stride_k_row, stride_a_row, stride_b_row, stride_kn_slot, stride_g_slot,
-            scale, softplus_beta, softplus_threshold, o_k, mask_k, o_j, m_j, phys_j, o_t,
-            H, HV, K, BT, RL, RLB, RT)
-        b_eg = tl.exp(b_gw)
+            scale, softplus_beta, softplus_threshold, o_k, mask_k, o_j, m_j, phys_j, o_t, K, RL, RLB, RT)
+        b_eg = tl.zeros([BT], tl.float32) + tl.exp(b_g)
+        b_beta = tl.zeros([BT], tl.float32) + b_gb
     elif DOT:
         b_dec = tl.load(p_sc + OFF_DEC)
         b_hk, b_hq = _state_products_dot(q, k, b_h, b_ur, p_sc, b_dec, i_n, i_h, T, stride_q_row, stride_q_tok,
@@ -441,20 +439,12 @@ def _gdn_verify_state_kernel(
         b_M = tl.load(p_sc + OFF_M + p_tt)  # M[i, j]
         b_C = tl.load(p_sc + OFF_C + p_tt)  # C[j, s]
     else:
-        # The prep's ring writes for this token: g and beta per value head, the normalised key
-        # (and the raw one where the rings keep it) per key head, each by one program.
-        m_w = m_t & (i_v == 0)
-        tl.store(ring_g + slot * stride_g_slot + i_hv * RL + phys_t, b_gw, mask=m_w)
-        tl.store(ring_beta + slot * stride_beta_slot + i_hv * RL + phys_t, b_beta, mask=m_w)
-        if i_v == 0 and i_hv % (HV // H) == 0:
-            o_kw = tl.arange(0, BK)
-            m_kw = o_kw < K
-            b_kraw = tl.load(k + i_n * stride_k_row + i_h * K + o_kw, mask=m_kw, other=0)
-            p_kw = (i_h * RL + (org + wp) % RL) * K + o_kw
-            tl.store(ring_kn + slot * stride_kn_slot + p_kw,
-                     gdn_l2norm_vec(b_kraw.to(tl.float32), TREE).to(ring_kn.dtype.element_ty), mask=m_kw)
-            if RAW_K:
-                tl.store(ring_kraw + slot * stride_kraw_slot + p_kw, b_kraw, mask=m_kw)
+        # The prep's ring writes for this token (the normalised key in the replay form's bits).
+        b_kraw = tl.load(k + i_n * stride_k_row + i_h * K + o_k, mask=mask_k, other=0)
+        gdn_ring_append_gate_keys(ring_g, ring_beta, ring_kn, ring_kraw, stride_g_slot, stride_beta_slot,
+                                  stride_kn_slot, stride_kraw_slot, slot, (org + wp) % RL, i_v, i_hv, i_h, b_g, b_gb,
+                                  gdn_l2norm_vec(b_kraw.to(tl.float32), TREE), b_kraw, o_k, mask_k, H, HV, K, RL,
+                                  RAW_K)
     b_r = b_beta[None, :] * (b_vraw.to(tl.float32) - b_eg[None, :] * b_hk)  # [BV, BT]
     b_u = tl.sum(b_r[:, None, :] * b_M[None, :, :], 2)  # U[v, i] = sum_j R[v, j] M[i, j]
     b_o = b_hq * b_eg[None, :] + tl.sum(b_u[:, :, None] * b_C[None, :, :], 1)  # O[v, s]
