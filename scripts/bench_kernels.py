@@ -143,17 +143,24 @@ def gdn_verify_bytes_baseline(B, H, HV, K, V, T, act=2):
 # (BV, num_warps, num_stages, products) of the GDN verify kernel timed in every run (configs.py);
 # products 4 = the two-launch verify (gdn/verify_split.py), the default at 16x1 since run 5
 # (docs/perf.md). The one-launch variants (products 0-3) spill at every warp count tried on the
-# GPU and were 1.5x slower; `--sweep` still times some of them.
-VERIFY_CONFIGS = ((16, 1, 2, 4), (8, 1, 2, 4), (32, 1, 2, 4), (16, 2, 2, 4), (64, 4, 2, 4))
+# GPU and were 1.5x slower; `--sweep` still times some of them. Products 5 and 6 (session 28, not
+# yet on a GPU; gdn/verify_loop.py): the state launch as one program per row and value head walking
+# its value rows, the tile loads software-pipelined, after the prep launch (5) or with the prep's
+# products made in it (6: one launch). (8, 1, 2, 4) and (16, 2, 2, 4) left this list then: 607.8
+# and 576.8 us against 447.1 for the best plan at batch 256 in run 14.
+VERIFY_CONFIGS = ((16, 1, 2, 4), (32, 1, 2, 4), (64, 4, 2, 4), (16, 1, 2, 5), (32, 2, 2, 5), (16, 1, 2, 6),
+                  (32, 2, 2, 6))
 # GDN decode launch plans (configs.GDNDecodeConfig: split, block_v, warps, stages, flush_cols, dot,
 # evict_first). (2, 16, ...) is the default since run 5; (0, 32, 1, 3, 32, 0, 0), the one-launch
 # plan with the whole-tile flush, was the fastest one-launch plan in runs 3-4. Fused plans at
 # several warps were not bit-exact on the GPU (run 4), so they are not offered.
 # Plan 4 (session 27, not yet on a GPU): plan 3 without its prep launch (run 14: 24 us of the
-# non-flush step at batch 256 ran in that launch, exposed).
+# non-flush step at batch 256 ran in that launch, exposed). Plan 5 (session 28, not yet on a GPU):
+# one launch, one program per row and value head (gdn/verify_loop.py); offline sm_90 96 registers
+# at 8 and 16 rows, tile loads pipelined in 2 stages.
 DECODE_CONFIGS = ((0, 32, 1, 3, 32, 0, 0), (2, 16, 1, 3, 32, 0, 1), (2, 16, 1, 3, 8, 0, 1),
                   (3, 16, 1, 3, 8, 0, 1), (3, 16, 1, 3, 16, 0, 1), (3, 32, 1, 3, 8, 0, 1),
-                  (4, 16, 1, 3, 8, 0, 1))
+                  (4, 16, 1, 3, 8, 0, 1), (5, 16, 1, 2, 8, 0, 1), (5, 8, 1, 2, 8, 0, 1))
 # (32, 4, 2, 0): the one-launch verify, for small batches, where the two-launch default adds a
 # launch per layer (batch 1: 23.9 us in run 3 vs 24.7 us for the default in run 5, SGLang 15.7 us;
 # never timed side by side).
@@ -290,7 +297,7 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
             # Below the threshold the GDN backend runs SGLang's packed decode (after a fold).
             row["decode_dispatch"] = "stock" if B < ring_min_batch("gdn") else "ring"
             row["decode_default_cfg"] = gdn_decode_config(K, V).key()
-            row["spec_default_cfg"] = "x".join(map(str, gdn_verify_config(K, V, T)))
+            row["spec_default_cfg"] = "x".join(map(str, gdn_verify_config(K, V, T, rows=B)))
             snaps = snaps_sync
 
             def prep():
@@ -368,6 +375,8 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
             best = min(cfgs, key=lambda c: row["spec_ours_us_" + "x".join(map(str, c))])
             row["spec_ours_cfg"] = "x".join(map(str, best))
             row["spec_ours_us"] = row["spec_ours_us_" + row["spec_ours_cfg"]]
+            # What a server runs (the default plan at this batch), beside the best timed plan.
+            row["spec_default_us"] = row.get("spec_ours_us_" + row["spec_default_cfg"])
             with override("gdn_verify", best), override("gdn_fold_cols", (32,)):
                 row["spec_ours_fold32_us"] = time_graph(ours_spec, sets * n_steps, reps)
             # The commit both ways: commit_prepare + fold, and one launch (configs.gdn_commit_fused_below).

@@ -30,8 +30,12 @@
 #                  benchmark at batches 1 and 256 with it on                               [.site]
 #   gdn_prep       the GDN pair's prep launch plans (configs.gdn_prep, never timed): GDN kernel tests with
 #                  1x32, the decode's launches alone and the verify phases per plan, bench  [.site]
-#   gdn_plan4      GDN decode plan 4 (plan 3 without its prep launch, session 27, never on a GPU): the GDN
-#                  decode tests, decode cycles plan 3 vs 4, the benchmark at 256/128/64    [.site]
+#   gdn_plan4      GDN decode plans 4 (plan 3 without its prep launch, session 27) and 5 (one program per
+#                  row and value head, session 28), never on a GPU: the GDN decode tests, decode cycles
+#                  plan 3 vs 4 vs 5, the benchmark at 256/128/64                           [.site]
+#   gdn_vloop      the GDN verify's state launch as one program per row and value head walking its value
+#                  rows, tile loads software-pipelined (verify plan products 5, session 28, never on a
+#                  GPU): GDN verify tests with it, verify phases per plan, bench 256/8/1      [.site]
 #   gdn_small      GDN spec below batch 64: the one-launch commit (cursor move inside the fold): tests
 #                  with it on, bench 64/32/8/1 timing the commit both ways               [.whl]
 #   gdn_sweep      GDN launch plans and the exact replay's unroll depths vs SGLang's kernels  [.whl]
@@ -255,12 +259,36 @@ step_gdn_plan4() {
   # prep launch is 24 us of the 153 us non-flush step. The GDN decode tests (plan 4's included),
   # whole decode cycles of both plans (synchronised and staggered with the row order), then the
   # benchmark (its DECODE_CONFIGS time plan 4 beside plan 3, after its GPU check of every plan).
+  # Session 28 adds decode plan 5 (gdn/verify_loop.py: one launch, one program per row and value
+  # head, the ring products once per program; 2 of its tilings) to the cycles and the benchmark.
   local d="$OUT/gdn_plan4"
   run env OUT="$d" GDNTESTS_TIMEOUT=200 GDNTESTS_K="decode" bash scripts/device_kernels.sh gdntests
   profile_per_config "$d" \
-    "--decode-configs 3x16x1x3x8x0x1,4x16x1x3x8x0x1,4x32x1x3x8x0x1 --decode-launches --no-verify --fold-lens 15 --cycle-spreads off,75 --reps 15" \
+    "--decode-configs 3x16x1x3x8x0x1,4x16x1x3x8x0x1,4x32x1x3x8x0x1,5x16x1x2x8x0x1,5x8x1x2x8x0x1 --decode-launches --no-verify --fold-lens 15 --cycle-spreads off,75 --reps 15" \
     gdn_flush_spread=75
   run env OUT="$d" BENCH_TIMEOUT=$(( $(left) - 15 )) BENCH_ARGS="--family gdn --batches 256,128,64" \
+    bash scripts/device_kernels.sh bench
+}
+
+step_gdn_vloop() {
+  # Session 28 (no GPU): the verify's state launch was 240-282 us at batch 256 against a 128.6 us
+  # read of the state (runs 10, 14), at 1360-1608 SASS instructions per 16 value rows. Products 5
+  # runs it as one program per row and value head: the probe matrix and the prep's scratch once per
+  # program, the 16- or 32-row tiles in a loop whose loads Triton pipelines (offline sm_90: ~800
+  # instructions per 16 rows, no spills; kernel_regs.py --state-launch); products 6 also makes the
+  # prep's products there (one launch; 247 registers, or 168 with gdn_verify_maxnreg: the phases
+  # run both ways). The GDN verify tests with the one-launch
+  # plan as the verify plan (with the tree-form bits of its ring writes in the tests that compare
+  # states), the verify phases per plan at batch 256 (5's state launch alone beside the per-tile
+  # one), then the benchmark (VERIFY_CONFIGS time both beside 32x1x2x4, the default from 4 rows
+  # since session 28, after the GPU check).
+  local d="$OUT/gdn_vloop"
+  run env OUT="$d" REPLAYSSM_CONFIG=gdn_verify=16x1x2x6 GDNTESTS_TIMEOUT=200 GDNTESTS_K="verify or state_loop" \
+    bash scripts/device_kernels.sh gdntests
+  profile_per_config "$d" \
+    "--decode-configs 3x16x1x3x8x0x1 --verify-configs 32x1x2x4,16x1x2x5,32x2x2x5,16x1x2x6,32x2x2x6 --verify-fills 0,12 --fold-lens 12 --reps 15" \
+    gdn_verify_maxnreg=0 gdn_verify_maxnreg=168
+  run env OUT="$d" BENCH_TIMEOUT=$(( $(left) - 15 )) BENCH_ARGS="--family gdn --batches 256,8,1" \
     bash scripts/device_kernels.sh bench
 }
 
@@ -494,7 +522,7 @@ step_aime() {
     --time-budget $(( $(left) - 30 ))
 }
 
-STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_order gdn_pdl gdn_prep gdn_plan4 gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
+STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_order gdn_pdl gdn_prep gdn_plan4 gdn_vloop gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
 [ $# -gt 0 ] || { echo "usage: $0 STEP [STEP ...]; steps: ${STEPS[*]}" >&2; exit 2; }
 for s in "$@"; do
   [[ " ${STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s; steps: ${STEPS[*]}" >&2; exit 2; }

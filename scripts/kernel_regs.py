@@ -98,7 +98,7 @@ def gdn_pointers(**types) -> dict:
 
 def gdn_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
     from replayssm_kernels.configs import GDN_UNROLL_SWEEP, gdn_replay_unroll
-    from replayssm_kernels.gdn import decode, fold, verify, verify_mm
+    from replayssm_kernels.gdn import decode, fold, verify, verify_loop, verify_mm
 
     ptrs = gdn_pointers()
     head = dict(H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), RL=L, RLB=triton.next_power_of_2(L))
@@ -146,6 +146,13 @@ def gdn_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
     kern = verify_split._gdn_verify_state_kernel
     rows.append(("decode plan 4 (state launch with its own ring products) bv16 w1 history-rt",
                  *ptxas_report(kern, signature(kern, {**ptrs, "ring_kn": "*fp32", "ring_kraw": "*bf16"}, c), c, 1, 2)))
+    # Decode plan 5: one program per row and value head (gdn/verify_loop.py), 2 stages as benchmarked.
+    c = dict(H=H, HV=HV, K=K, V=V, BK=head["BK"], BV=16, BVF=8, RL=L, RLB=head["RLB"], EVICT=True,
+             UNROLL=gdn_replay_unroll(), RT=True, ORDER=True, NSTG=2)
+    kern = verify_loop._gdn_decode_loop_kernel
+    rows.append(("decode plan 5 (one program per row and value head) bv16 w1 history-rt",
+                 *ptxas_report(kern, signature(kern, {**ptrs, "ring_kn": "*fp32", "ring_kraw": "*bf16",
+                                                      "row_order": "*i32"}, c), c, 1, 2)))
     for bvf in (32, 8):
         for unroll in (gdn_replay_unroll(), *GDN_UNROLL_SWEEP):
             c = dict(H=H, HV=HV, K=K, V=V, BK=head["BK"], BV=32, BVF=bvf, RL=L, HAS_DST=False, HAS_SNAP=True,
@@ -285,26 +292,61 @@ STATE_LAUNCH_PLANS = (
 )
 
 
+# (label, BV, warps, stages, fused): the verify's state launch as one program per row and value
+# head walking its value rows (verify plan products 5, `gdn/verify_loop.py`), and with the prep's
+# products made in it (products 6: the whole verify in one launch; the GPU's tree-form rings).
+STATE_LOOP_PLANS = (
+    ("tensor cores, one program per row and value head, 16-row tiles, 2 stages", 16, 1, 2, False),
+    ("tensor cores, one program per row and value head, 16-row tiles, 3 stages", 16, 1, 3, False),
+    ("tensor cores, one program per row and value head, 32-row tiles, 2 warps, 2 stages", 32, 2, 2, False),
+    ("tensor cores, one program per row and value head, no prep launch, 16-row tiles, 2 stages", 16, 1, 2, True),
+    ("tensor cores, one program per row and value head, no prep launch, 32-row tiles, 2 warps, 2 stages", 32, 2, 2,
+     True),
+)
+
+
+def _loop_body(ins: list[str], labels: dict[str, int]) -> int:
+    """Instructions of the longest loop in a SASS listing (a branch back to an earlier label),
+    branch included; 0 if there is none."""
+    longest = 0
+    for i, op in enumerate(ins):
+        m = re.search(r"\bBRA\b.*?(\.L_x_\d+)", op)
+        if m and m.group(1) in labels and labels[m.group(1)] <= i:
+            longest = max(longest, i + 1 - labels[m.group(1)])
+    return longest
+
+
 def state_launch_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
-    """The GDN verify's state launch per plan of STATE_LAUNCH_PLANS: SASS instructions (each warp
-    of a program runs them all), warp instructions issued per 16 value rows, shuffles, MMA
-    instructions, registers, shared memory."""
-    from replayssm_kernels.gdn import verify_split
+    """The GDN verify's state launch per plan of STATE_LAUNCH_PLANS and STATE_LOOP_PLANS: SASS
+    instructions (each warp of a program runs them all; a looping program runs its loop body once
+    per tile), warp instructions issued per 16 value rows (the loop body's, for a looping
+    program: its prologue runs once per row and value head), shuffles, MMA instructions,
+    asynchronous copies (software-pipelined tile loads), registers, shared memory."""
+    from replayssm_kernels.gdn import verify_loop, verify_split
 
     ptrs = gdn_pointers()
     BT, RLB = triton.next_power_of_2(T), max(triton.next_power_of_2(L), 16)
-    kern = verify_split._gdn_verify_state_kernel
+    common = dict(H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BT=BT, RL=L, RLB=RLB,
+                  NS=verify_split.scratch_floats(BT, RLB), EVICT=True, NP=max(16, 2 * BT))
+    plans = [(what, verify_split._gdn_verify_state_kernel, bv, warps, 2,
+              dict(common, BV=bv, ROWS=False, FLUSH=False, KC=kc, RT=rt, DOT=dot))
+             for what, bv, warps, kc, rt, dot in STATE_LAUNCH_PLANS]
+    plans += [(what, verify_loop._gdn_verify_fused_kernel if fused else verify_loop._gdn_verify_state_loop_kernel,
+               bv, warps, stages,
+               {**{n: x for n, x in common.items() if not (fused and n == "NS")}, "BV": bv, "RT": False,
+                "NSTG": stages, **({"TREE": 2, "RAW_K": False} if fused else {})})
+              for what, bv, warps, stages, fused in STATE_LOOP_PLANS]
     rows = []
-    for what, bv, warps, kc, rt, dot in STATE_LAUNCH_PLANS:
-        c = dict(H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=bv, BT=BT, RL=L, RLB=RLB,
-                 NS=verify_split.scratch_floats(BT, RLB), EVICT=True, ROWS=False, FLUSH=False, KC=kc, RT=rt,
-                 DOT=dot, NP=max(16, 2 * BT))
-        compiled = compile_variant(kern, signature(kern, ptrs, c), c, warps, 2)
-        regs, st, ld = ptxas_report(kern, None, c, warps, 2, compiled=compiled)
-        n, ops = sass_ops(compiled.asm["cubin"])
-        rows.append(dict(plan=what, block_v=bv, warps=warps, sass=n, sass_per_16_rows=round(n * warps * 16 / bv),
-                         shfl=ops.get("SHFL", 0), mma=ops.get("HMMA", 0) + ops.get("HGMMA", 0), regs=regs,
-                         smem=compiled.metadata.shared, spills=st + ld))
+    for what, kern, bv, warps, stages, c in plans:
+        compiled = compile_variant(kern, signature(kern, ptrs, c), c, warps, stages)
+        regs, st, ld = ptxas_report(kern, None, c, warps, stages, compiled=compiled)
+        ins, labels = _sass(compiled.asm["cubin"])
+        ops = _opcodes(ins)
+        per_tile = _loop_body(ins, labels) if "NSTG" in c else len(ins)
+        rows.append(dict(plan=what, block_v=bv, warps=warps, sass=len(ins),
+                         sass_per_16_rows=round(per_tile * warps * 16 / bv), shfl=ops.get("SHFL", 0),
+                         mma=ops.get("HMMA", 0) + ops.get("HGMMA", 0), async_copies=ops.get("LDGSTS", 0),
+                         regs=regs, smem=compiled.metadata.shared, spills=st + ld))
     return rows
 
 
@@ -428,12 +470,13 @@ def main(argv=None):
         return
     if args.state_launch:
         print(f"| GDN verify state launch, T=4 (sm_90, triton {triton.__version__}) | rows x warps | SASS "
-              "instructions | warp instructions per 16 value rows | SHFL | MMA | registers | "
+              "instructions | warp instructions per 16 value rows | SHFL | MMA | async copies | registers | "
               "shared memory (B) | spills (B) |")
-        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in state_launch_rows():
             print(f"| {r['plan']} | {r['block_v']} x {r['warps']} | {r['sass']} | {r['sass_per_16_rows']} | "
-                  f"{r['shfl']} | {r['mma']} | {r['regs']} | {r['smem']} | {r['spills']} |", flush=True)
+                  f"{r['shfl']} | {r['mma']} | {r['async_copies']} | {r['regs']} | {r['smem']} | {r['spills']} |",
+                  flush=True)
         return
     if args.replay_loop:
         keys = ("SHFL", "SEL", "FADD", "FMUL", "FFMA", "MUFU", "LDG", "LDS", "STS", "BAR")

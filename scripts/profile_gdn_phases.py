@@ -7,7 +7,8 @@ with `--ceiling` a plain streaming read of the whole state (`read_ceiling.py`);
 our decode on a non-flush step at several ring fills and on a flush step, for each output-path
 variant (warp reductions vs tf32x3 tensor-core dots); the exact fold at several lengths; the
 verify (T=4) at several launch configs and ring fills, and for the two-launch verify (products 4,
-the default) each of its launches alone (`_prep` / `_state`: the other one skipped), so a spec
+the default, and 5, its looping state launch) each of its launches alone (`_prep` / `_state`:
+the other one skipped), so a spec
 step's time splits into window algebra, the pass over the state, and the commit fold. Prints
 registers and spills of each compiled variant.
 """
@@ -37,15 +38,17 @@ class _Skipped:
 
 @contextlib.contextmanager
 def only_verify_launch(ver_mod, which: str):
-    """Run only one launch of the two-launch verify: "prep" or "state"."""
-    names = {"prep": "_gdn_verify_state_kernel", "state": "_gdn_verify_prep_kernel"}
-    skip = names[which]
-    orig = getattr(ver_mod, skip)
-    setattr(ver_mod, skip, _Skipped())
+    """Run only one launch of the two-launch verify: "prep" or "state" (either state kernel)."""
+    names = {"prep": ("_gdn_verify_state_kernel", "_gdn_verify_state_loop_kernel"),
+             "state": ("_gdn_verify_prep_kernel",)}
+    orig = {n: getattr(ver_mod, n) for n in names[which]}
+    for n in orig:
+        setattr(ver_mod, n, _Skipped())
     try:
         yield
     finally:
-        setattr(ver_mod, skip, orig)
+        for n, kern in orig.items():
+            setattr(ver_mod, n, kern)
 
 
 def _plans(text: str, name: str, flag: str) -> tuple[tuple[int, ...], ...]:
@@ -191,7 +194,7 @@ def main(argv=None):
                     gdn_replay_verify(qs, ks, vs, as_, bs_, A_log, dt_bias, state, rings, slots, wpos, origin,
                                       out=ov)
                 t(f"ours_verify_T4_wp{fill}_{name}", verify)
-                if len(cfg) == 4 and cfg[3] == 4:  # the two-launch verify: each launch alone
+                if len(cfg) == 4 and cfg[3] in (4, 5):  # the two-launch verify: each launch alone
                     for which in ("prep", "state"):
                         with only_verify_launch(ver_mod, which):
                             t(f"ours_verify_T4_wp{fill}_{name}_{which}", verify)
@@ -235,7 +238,8 @@ def _decode_cycles(res, args, name, B, L, dev, step, decode_row_order):
 
 def _collect_regs(regs, dec_mod, ver_mod):
     for kern in (dec_mod._gdn_decode_kernel, ver_mod._gdn_verify_kernel, ver_mod._gdn_verify_mm_kernel,
-                 ver_mod._gdn_verify_prep_kernel, ver_mod._gdn_verify_state_kernel):
+                 ver_mod._gdn_verify_prep_kernel, ver_mod._gdn_verify_state_kernel,
+                 ver_mod._gdn_verify_state_loop_kernel):
         for dev_cache in kern.device_caches.values():
             for i, ck in enumerate(dev_cache[0].values()):
                 ck._init_handles()

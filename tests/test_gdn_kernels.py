@@ -112,6 +112,10 @@ def test_gdn_decode(B, H, HV, K, V, L, dtype, steps, device, assert_within_basel
     pytest.param((4, 16, 1, 3, 8, 0, 1), (128, 128, 16), id="plan4-bv16-flushcols8-K128"),
     pytest.param((4, 16, 1, 3, 16, 0, 1), (48, 40, 4), id="plan4-bv16-flushcols16-K48"),
     pytest.param((4, 8, 1, 3, 32, 0, 1), (32, 40, 4), id="plan4-bv8-K32"),
+    # Plan 5: one program per row and value head walking its value rows (V = 40: a partial last tile).
+    pytest.param((5, 16, 1, 3, 8, 0, 1), (128, 128, 16), id="plan5-bv16-flushcols8-K128"),
+    pytest.param((5, 16, 1, 3, 16, 0, 1), (48, 40, 4), id="plan5-bv16-flushcols16-K48"),
+    pytest.param((5, 8, 1, 2, 32, 0, 0), (32, 40, 4), id="plan5-bv8-K32-2stages"),
 ])
 def test_gdn_decode_launch_variants(cfg, shape, device, assert_within_baseline):
     """Every launch plan of configs.GDNDecodeConfig keeps the committed state bit-exact."""
@@ -122,10 +126,11 @@ def test_gdn_decode_launch_variants(cfg, shape, device, assert_within_baseline):
         test_gdn_decode(2, 1, 2, K, V, L, bf16, 18 if L == 16 else 9, device, assert_within_baseline)
 
 
-@pytest.mark.parametrize("split", [3, 4])
+@pytest.mark.parametrize("split", [3, 4, 5])
 def test_gdn_decode_plans_correlated_keys(split, device, assert_within_baseline):
-    """Decode plans 3 (prep launch) and 4 (each state program makes the ring products) with keys
-    and queries that share a direction, so that the ring history's products carry the outputs."""
+    """Decode plans 3 (prep launch), 4 (each state program makes the ring products) and 5 (one
+    program per row and value head makes them) with keys and queries that share a direction, so
+    that the ring history's products carry the outputs."""
     from replayssm_kernels.configs import override
 
     with override("gdn_decode", (split, 16, 1, 3, 8, 0, 1)):
@@ -193,6 +198,8 @@ def test_gdn_verify_commit(B, H, HV, K, V, L, T_max, dtype, steps, device, asser
     pytest.param((64, 4, 2, 2), id="matrix-form"),
     pytest.param((32, 4, 2, 3), id="matrix-form-s0-reductions"),
     pytest.param((32, 4, 2, 4), id="split"),
+    pytest.param((16, 1, 2, 5), id="split-vloop"),
+    pytest.param((16, 1, 2, 6), id="fused-vloop"),
 ])
 def test_gdn_verify_launch_variants(cfg, device, assert_within_baseline):
     """Every verify kernel variant (configs.gdn_verify_config) keeps the state exact and the
@@ -211,6 +218,25 @@ def test_gdn_verify_split(case, device, assert_within_baseline):
 
     with override("gdn_verify", (32, 1, 2, 4)):
         test_gdn_verify_commit(*case, device, assert_within_baseline)
+
+
+@pytest.mark.parametrize("case", [pytest.param(c.values, id=c.id) for c in VERIFY_CASES
+                                  if c.id in ("B3-L16-T4-bf16", "B2-K128-V128-L8-T4-bf16")])
+@pytest.mark.parametrize("rt", [0, 1], ids=["history-rows", "history-rt"])
+@pytest.mark.parametrize("products", [5, 6], ids=["after-prep", "fused"])
+def test_gdn_verify_state_loop(case, rt, products, device, assert_within_baseline):
+    """The verify's state launch as one program per row and value head walking its value rows
+    (verify plan products 5, `_gdn_verify_state_loop_kernel`; 6: with the prep's products made
+    in that launch, `_gdn_verify_fused_kernel`, whose ring writes the exact fold replays): 16-row
+    tiles, so V = 128 takes
+    eight tiles with the next one loaded ahead and V = 16 one (its look-ahead load all masked;
+    `test_gdn_verify_launch_variants[split-vloop]` ends V = 40 on a partial tile); with
+    correlated keys (the history products carry the outputs) and either read of the ring
+    history."""
+    from replayssm_kernels.configs import overrides
+
+    with overrides([("gdn_verify", (16, 1, 2, products)), ("gdn_history_rt", (rt,))]):
+        test_gdn_verify_commit(*case, device, assert_within_baseline, key_corr=0.9)
 
 
 @pytest.mark.parametrize("kc", [0, 8, 32])
@@ -763,6 +789,90 @@ def test_gdn_state_kc_config(monkeypatch):
         assert gdn_prep_plan(128) == (1, 32) and gdn_prep_plan(32) == (1, 0)
     with override("gdn_prep", (3, 32)), pytest.raises(ValueError, match="REPLAYSSM_CONFIG"):
         gdn_prep_plan(128)
+
+
+def test_gdn_verify_config_by_batch(monkeypatch, device):
+    """The verify's default plan: 32-row programs from gdn_verify_wide_from (4) rows, 16-row ones
+    below (H200 benchmarks since session 20, configs.py); an explicit gdn_verify plan applies at
+    every batch; and gdn_replay_verify asks for the plan of its own batch."""
+    from replayssm_kernels import configs
+    from replayssm_kernels.configs import gdn_verify_config, override
+    from replayssm_kernels.gdn import verify as verify_mod
+
+    monkeypatch.setattr(configs, "_OVERRIDES", {})
+    assert gdn_verify_config(128, 128, 4) == (32, 1, 2, 4)
+    assert [gdn_verify_config(128, 128, 4, rows=n) for n in (1, 3, 4, 256)] == \
+        [(16, 1, 2, 4), (16, 1, 2, 4), (32, 1, 2, 4), (32, 1, 2, 4)]
+    with override("gdn_verify_wide_from", (1,)):
+        assert gdn_verify_config(128, 128, 4, rows=1) == (32, 1, 2, 4)
+    with override("gdn_verify", (64, 4, 2, 4)):
+        assert gdn_verify_config(128, 128, 4, rows=1) == gdn_verify_config(128, 128, 4, rows=300) == (64, 4, 2, 4)
+    assert "gdn_verify=32x1x2x4" in configs.describe() and "below: 16x1x2x4" in configs.describe()
+
+    seen = []
+
+    def spy(K, V, T, rows=None):
+        seen.append(rows)
+        return gdn_verify_config(K, V, T, rows=rows)
+
+    monkeypatch.setattr(verify_mod, "gdn_verify_config", spy)
+    gen = torch.Generator().manual_seed(5)
+    A_log, dt_bias = _params(2, device, gen)
+    h = GDNHarness(batch=5, num_k_heads=1, num_v_heads=2, head_k_dim=16, head_v_dim=16, A_log=A_log,
+                   dt_bias=dt_bias, ring_len=4, max_draft_tokens=2, device=device)
+    h.set_state(torch.zeros(5, 2, 16, 16, device=device))
+    h.verify(*_inputs(5, 2, 1, 2, 16, 16, bf16, device, gen))
+    assert seen == [5]
+
+
+def test_gdn_verify_maxnreg_config_and_launch(monkeypatch, device, assert_within_baseline):
+    """configs.gdn_verify_maxnreg: 0 (no cap) by default, 24..255 or refused, 0 under the
+    interpreter; when set, the looping verify programs (plans 5 and 6) are compiled with it as
+    `maxnreg` and no other verify kernel is (on the CPU the spy drops it before the interpreter)."""
+    from replayssm_kernels import configs
+    from replayssm_kernels.configs import override
+    from replayssm_kernels.gdn import verify as ver_mod
+
+    interp = os.environ.get("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(configs, "_OVERRIDES", {})
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert configs.gdn_verify_maxnreg() == 0 and "gdn_verify_maxnreg=0" in configs.describe()
+    with override("gdn_verify_maxnreg", (168,)):
+        assert configs.gdn_verify_maxnreg() == 168
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        assert configs.gdn_verify_maxnreg() == 0
+    with override("gdn_verify_maxnreg", (300,)), pytest.raises(ValueError, match="REPLAYSSM_CONFIG"):
+        configs.gdn_verify_maxnreg()
+    monkeypatch.setenv("TRITON_INTERPRET", interp)
+
+    seen = {}
+    names = ("_gdn_verify_prep_kernel", "_gdn_verify_state_kernel", "_gdn_verify_state_loop_kernel",
+             "_gdn_verify_fused_kernel")
+
+    def spy(name):
+        kernel = getattr(ver_mod, name)
+
+        class Spy:
+            def __getitem__(self, grid):
+                def launch(*a, **k):
+                    seen[name] = k.get("maxnreg")
+                    if device == "cpu":
+                        k.pop("maxnreg", None)
+                    return kernel[grid](*a, **k)
+                return launch
+        return Spy()
+
+    for name in names:
+        monkeypatch.setattr(ver_mod, name, spy(name))
+    monkeypatch.setattr(ver_mod, "gdn_verify_maxnreg", lambda: 168)
+    case = (2, 1, 2, 32, 32, 8, 3, bf16, 4)
+    for plan, want in (((16, 1, 2, 4), {names[0]: None, names[1]: None}),
+                       ((16, 1, 2, 5), {names[0]: None, names[2]: 168}),
+                       ((16, 1, 2, 6), {names[3]: 168})):
+        seen.clear()
+        with override("gdn_verify", plan):
+            test_gdn_verify_commit(*case, device, assert_within_baseline)
+        assert seen == want, (plan, seen)
 
 
 def test_gdn_pdl_config_and_launch(monkeypatch, device):

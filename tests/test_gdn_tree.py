@@ -98,6 +98,9 @@ DECODE_PLANS = [
     pytest.param((("gdn_decode", (1, 32, 1, 3, 8, 0, 1)),), id="split1-flushcols8"),
     pytest.param((("gdn_decode", (3, 16, 1, 3, 8, 0, 1)),), id="plan3"),
     pytest.param((("gdn_decode", (3, 16, 2, 3, 16, 0, 1)),), id="plan3-two-warps"),
+    # Plans 4 and 5 write the token's normalised key into the `k` ring themselves (the fold replays it).
+    pytest.param((("gdn_decode", (4, 16, 1, 3, 8, 0, 1)),), id="plan4"),
+    pytest.param((("gdn_decode", (5, 16, 1, 3, 8, 0, 1)),), id="plan5"),
 ]
 
 
@@ -107,11 +110,13 @@ FORM_PLANS = [(1, p) for p in DECODE_PLANS] + [(2, p) for p in DECODE_PLANS if "
 
 
 # The verify launches the tree forms are checked on: the default two-launch verify, the one-launch
-# verify and its matrix form.
+# verify, its matrix form, and the one-launch looping verify (products 6: its own ring writes of
+# the window's keys, normalised in the form's order, which the fold replays on rings without raw keys).
 VERIFY_CFGS = [
     pytest.param(None, id="default-two-launch"),
     pytest.param((32, 1, 2, 0), id="one-launch"),
     pytest.param((16, 1, 2, 2), id="matrix-form"),
+    pytest.param((16, 1, 2, 6), id="fused-vloop"),
 ]
 
 

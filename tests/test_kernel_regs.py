@@ -35,6 +35,15 @@ def test_state_launch_screen():
         assert int(row["MMA"]) > 0, name
         assert int(row[per16]) < int(default[per16]), name
     assert int(t["tensor cores, 64 rows, 4 warps"]["spills (B)"]) == 0
+    # Verify plan products 5: the loop body per 16 value rows well under the per-tile program's,
+    # its tile loads software-pipelined (asynchronous copies), no spills.
+    loop = {k: v for k, v in tc.items() if "one program per row and value head" in k}
+    assert len(loop) >= 2
+    per_tile = int(t["tensor cores (gdn_state_dot)"][per16])
+    for name, row in loop.items():
+        assert int(row[per16]) < 0.6 * per_tile, name
+        assert int(row["async copies"]) > 0 and int(row["spills (B)"]) == 0, name
+        assert int(row["SASS instructions"]) > int(row[per16]), name  # a loop, not one tile
 
 
 def test_pdl_screen():

@@ -41,7 +41,7 @@ def test_profile_gdn_phases_times_each_verify_launch_alone(monkeypatch):
                 return launch
         return Spy()
 
-    for name in ("_gdn_verify_prep_kernel", "_gdn_verify_state_kernel"):
+    for name in ("_gdn_verify_prep_kernel", "_gdn_verify_state_kernel", "_gdn_verify_state_loop_kernel"):
         monkeypatch.setattr(ver_mod, name, spy(name))
 
     def fake_time(fn, units, reps=30, warmup=2):
@@ -52,7 +52,7 @@ def test_profile_gdn_phases_times_each_verify_launch_alone(monkeypatch):
 
     _profile_on_cpu(monkeypatch, fake_time)
     res = prof.main(["--device", "cpu", "--dims", "2", "4", "32", "32", "--batch", "2", "--ring-len", "8",
-                     "--reps", "1", "--decode-configs", "3x16x1x3x8x0x1", "--verify-configs", "16x1x2x4,32x1x2x0",
+                     "--reps", "1", "--decode-configs", "3x16x1x3x8x0x1", "--verify-configs", "16x1x2x4,32x1x2x0,16x1x2x5",
                      "--verify-fills", "0,4", "--fold-lens", "3"])
     for key in ("packed_decode", "decode_nonflush_3x16x1x3x8x0x1_wp8", "decode_flush_3x16x1x3x8x0x1_wp15",
                 "ours_fold_n3", "ours_verify_T4_wp0_16x1x2x4", "ours_verify_T4_wp4_16x1x2x4_prep",
@@ -64,8 +64,13 @@ def test_profile_gdn_phases_times_each_verify_launch_alone(monkeypatch):
     order = list(res)
     i = order.index("ours_verify_T4_wp4_16x1x2x4")
     assert calls[i] == both and calls[i + 1] == prep and calls[i + 2] == state
+    # products 5: the prep launch, then the looping state launch; each alone likewise
+    i = order.index("ours_verify_T4_wp4_16x1x2x5")
+    loop = {"_gdn_verify_state_loop_kernel"}
+    assert calls[i] == prep | loop and calls[i + 1] == prep and calls[i + 2] == loop
     # the kernels are restored after each launch-alone timing
     assert ver_mod._gdn_verify_prep_kernel.__class__.__name__ == "Spy"
+    assert ver_mod._gdn_verify_state_loop_kernel.__class__.__name__ == "Spy"
 
 
 def test_profile_gdn_phases_refuses_a_window_that_does_not_fit():

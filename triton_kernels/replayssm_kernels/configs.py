@@ -11,19 +11,21 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from typing import Optional
 
 _OVERRIDES: dict[str, tuple[int, int, int]] = {}
 
 
 # name -> accepted numbers of `x`-separated integers
-_OVERRIDE_ARITY = {"gdn_decode": (7,), "gdn_verify": (3, 4), "gdn_fold_cols": (1,), "gdn_ring_min_batch": (1,),
+_OVERRIDE_ARITY = {"gdn_decode": (7,), "gdn_verify": (3, 4), "gdn_verify_wide_from": (1,), "gdn_fold_cols": (1,),
+                   "gdn_ring_min_batch": (1,),
                    "mamba2_ring_min_batch": (1,), "mamba2_decode": (4,),
                    "mamba2_decode_tile": (3,), "mamba2_verify_tile": (3,), "mamba2_chunk_min_batch": (1,),
                    "mamba2_replay_unroll": (1,), "gdn_replay_unroll": (1,), "mamba2_ring_bc_min_batch": (1,),
                    "gdn_k_tree": (1,), "gdn_state_kc": (1, 2), "gdn_history_rt": (1, 2), "gdn_prep": (2,),
                    "gdn_state_dot": (1, 2), "gdn_fold_narrow_below": (1,),
                    "gdn_commit_fused_below": (1,), "gdn_flush_spread": (1,),
-                   "gdn_flush_phase": (1,), "gdn_pdl": (1,)}
+                   "gdn_flush_phase": (1,), "gdn_pdl": (1,), "gdn_verify_maxnreg": (1,)}
 
 
 def parse_plan(name: str, text: str) -> tuple[int, ...] | None:
@@ -56,7 +58,12 @@ def describe() -> str:
     m2_plan = mamba2_decode_plan()
     return "\n".join([
         "gdn_decode=" + gdn_decode_config(128, 128).key(),
-        "gdn_verify=" + "x".join(map(str, gdn_verify_config(128, 128, 4))),
+        "gdn_verify=" + "x".join(map(str, gdn_verify_config(128, 128, 4))) + " (from gdn_verify_wide_from rows; "
+        "below: " + "x".join(map(str, gdn_verify_config(128, 128, 4, rows=1))) + ")",
+        f"gdn_verify_wide_from={gdn_verify_wide_from()} (GDN verify: the default plan's 32-row tiles from this "
+        "many rows, 16-row tiles below)",
+        f"gdn_verify_maxnreg={gdn_verify_maxnreg()} (GDN verify plans 5 and 6: register cap of the looping "
+        "programs; 0 = none)",
         f"gdn_fold_cols={gdn_fold_cols()}",
         f"gdn_fold_narrow_below={gdn_fold_narrow_below()} (GDN fold: "
         "below this many rows one gdn_fold_cols sub-tile per program instead of 32 columns; 0 = never)",
@@ -96,18 +103,35 @@ def describe() -> str:
     ])
 
 
-def gdn_verify_config(K: int, V: int, T: int) -> tuple[int, int, int, int]:
+# The GDN verify's default plan by batch: (16, 1, 2, 4) below this many rows, (32, 1, 2, 4) from it.
+# Every H200 benchmark since session 20 timed both (docs/perf.md, runs 12-14, 2026-12-03/04:
+# 17 rows over 4 machines): from 8 rows 32x1 was 10-14 % faster at HV 32 and 64 (batch 256: 447.1
+# vs 496.4 us; 128: 235.6 vs 265.5; 8: 34.0 vs 38.4), at 4 rows equal (HV 32) or 11 % faster (HV 64),
+# at 1-2 rows 0.4-5 % slower (batch 1: 19.3 vs 18.4 us).
+_GDN_VERIFY_WIDE_FROM = 4
+
+
+def gdn_verify_wide_from() -> int:
+    return _OVERRIDES.get("gdn_verify_wide_from", (_GDN_VERIFY_WIDE_FROM,))[0]
+
+
+def gdn_verify_config(K: int, V: int, T: int, rows: Optional[int] = None) -> tuple[int, int, int, int]:
     """(BV, num_warps, num_stages, products) of the GDN verify kernel; products: 0 = warp
     reductions, 1 = tf32x3 dots for the committed-state products, 2 = the matrix-form kernel
     (`gdn/verify_mm.py`, every product a tf32x3 GEMM), 3 = the matrix form with the checkpoint
-    products as fp32 row reductions of the state tile."""
+    products as fp32 row reductions of the state tile, 4 = two launches (`gdn/verify_split.py`:
+    a prep launch per row and key head, then the state launch per `BV` value rows), 5 = as 4 with
+    the state launch as one program per row and value head that walks its value rows `BV` at a
+    time, its tile loads pipelined (tensor-core products; `gdn/verify_loop.py`), 6 = as 5 without
+    the prep launch (those programs make the prep's products too: one launch)."""
     if "gdn_verify" in _OVERRIDES:
         bv, w, st, *dot = _OVERRIDES["gdn_verify"]
         return bv, w, st, int(dot[0]) if dot else 0
-    # The two-launch verify (products 4) at 16 columns, one warp: fastest of the plans timed on
-    # one H200 from batch 32 up (2026-11-30, docs/perf.md run 5: verify+commit 617 us at batch
-    # 256, HV=32, vs 975 us for SGLang's verify + scatter and 979 us for the run-3 default).
-    return (16, 1, 2, 4)
+    # The two-launch verify (products 4), one warp per program: 16 value rows per program below
+    # _GDN_VERIFY_WIDE_FROM rows, 32 from there (`rows` None: a large batch).
+    if rows is not None and rows < gdn_verify_wide_from():
+        return (16, 1, 2, 4)
+    return (32, 1, 2, 4)
 
 
 @dataclass(frozen=True)
@@ -123,6 +147,9 @@ class GDNDecodeConfig:
         `flush_cols` at a time; one warp unless the tree form (1) is on). 4 = as 3 without the prep
         launch: each program of the state launch makes its own row's ring-key products and gate
         (read from the `k` ring, L2-resident across the key head's programs), one launch per step.
+        5 = one launch with one program per row and value head (`gdn/verify_loop.py`): it makes
+        those products once and walks its value rows `block_v` at a time (tile loads pipelined),
+        the exact path likewise for flush rows.
     flush_cols: V columns replayed at a time by the exact (flush) path (divides 32).
     use_dot: non-flush products on tensor cores (tf32x3) instead of warp reductions.
     evict_first: stream the checkpoint through L2 on non-flush rows.
@@ -447,6 +474,21 @@ def gdn_flush_phase() -> bool:
 # serves from CUDA graphs. `scripts/pdl_probe.py` checks eager and graph replays with a watchdog.
 # 0 = off, 1 = on.
 _GDN_PDL = 0
+
+
+# A register cap for the GDN verify's looping programs (gdn/verify_loop.py, verify plan products 5
+# and 6), 0 = the compiler's choice. The one-launch loop (6) uses 247 registers on sm_90 (its
+# prep products), so 8 one-warp programs fit an SM; capped at 168, 12 fit, for 456 bytes of spill
+# stores (offline, session 28). Never timed; `REPLAYSSM_CONFIG=gdn_verify_maxnreg=N`.
+_GDN_VERIFY_MAXNREG = 0
+
+
+def gdn_verify_maxnreg() -> int:
+    """The register cap of the GDN verify's looping programs (0 = none; ignored by the interpreter)."""
+    n = _OVERRIDES.get("gdn_verify_maxnreg", (_GDN_VERIFY_MAXNREG,))[0]
+    if n and not 24 <= n <= 255:
+        raise ValueError(f"gdn_verify_maxnreg: 0 or 24..255 registers, got {n}; fix REPLAYSSM_CONFIG")
+    return 0 if interpreted() else n
 
 
 def gdn_pdl() -> bool:

@@ -55,6 +55,16 @@ def gdn_gate(b_a, b_b, b_A_log, b_dt_bias, softplus_beta, softplus_threshold):
 
 
 @triton.jit
+def gdn_token_gate(a, b, A_log, dt_bias, i_n, i_hv, stride_a_row, stride_b_row, softplus_beta, softplus_threshold):
+    """`gdn_gate` of one decode token: row `i_n`'s `a` and `b` of value head `i_hv`, and that
+    head's `A_log` and `dt_bias` (scalars, fp32)."""
+    return gdn_gate(tl.load(a + i_n * stride_a_row + i_hv).to(tl.float32),
+                    tl.load(b + i_n * stride_b_row + i_hv).to(tl.float32),
+                    tl.load(A_log + i_hv).to(tl.float32), tl.load(dt_bias + i_hv).to(tl.float32),
+                    softplus_beta, softplus_threshold)
+
+
+@triton.jit
 def gdn_tile_ids(H: tl.constexpr, HV: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
     """(V tile, row, value head, key head) of a program on grid axis 0 = `cdiv(V, BV) * B * HV`."""
     NV = (V + BV - 1) // BV

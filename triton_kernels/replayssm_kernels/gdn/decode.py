@@ -25,10 +25,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import gdn_decode_config, gdn_k_tree, gdn_replay_unroll
-from .common import gdn_decode_flush, gdn_gate, gdn_l2norm, gdn_l2norm_vec, gdn_ring_append_gate_keys, gdn_tile_ids
+from ..configs import GDN_K_FORMS, gdn_decode_config, gdn_history_rt, gdn_k_tree, gdn_replay_unroll
+from .common import (gdn_decode_flush, gdn_l2norm, gdn_l2norm_vec, gdn_ring_append_gate_keys, gdn_tile_ids,
+                     gdn_token_gate)
 from .rings import GDNRings, check_gdn_rings
 from .verify import _verify_split
+from .verify_loop import _gdn_decode_loop_kernel
 
 # The exact-recurrence (flush) branch must use the baseline kernel's tile: K whole on axis 0, one
 # warp, 4 consecutive K per thread; its V extent (BVF) does not change any column's reduction.
@@ -145,11 +147,8 @@ def _gdn_decode_kernel(
     b_q = tl.load(q + i_n * stride_q_tok + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
     b_k_raw = tl.load(k + i_n * stride_k_tok + i_h * K + o_k, mask=mask_k, other=0)
     b_k = b_k_raw.to(tl.float32)
-    b_b = tl.load(b + i_n * stride_b_tok + i_hv).to(tl.float32)
-    b_A_log = tl.load(A_log + i_hv).to(tl.float32)
-    b_a = tl.load(a + i_n * stride_a_tok + i_hv).to(tl.float32)
-    b_dt_bias = tl.load(dt_bias + i_hv).to(tl.float32)
-    b_g, b_beta = gdn_gate(b_a, b_b, b_A_log, b_dt_bias, softplus_beta, softplus_threshold)
+    b_g, b_beta = gdn_token_gate(a, b, A_log, dt_bias, i_n, i_hv, stride_a_tok, stride_b_tok, softplus_beta,
+                                 softplus_threshold)
 
     if PHASE != 1:
         if flush != 0:
@@ -273,7 +272,27 @@ def gdn_replay_decode(
         )
 
     bv_cfg = min(triton.next_power_of_2(V), cfg.block_v)
-    if cfg.split in (3, 4):
+    if cfg.split == 5:
+        # One launch, one program per row and value head (verify_loop.py).
+        if cfg.num_warps != 1 and tree != 1:
+            raise ValueError(f"decode plan 5 runs the exact path in its programs: one warp in the "
+                             f"{GDN_K_FORMS[tree]} form; use num_warps=1 or REPLAYSSM_CONFIG=gdn_k_tree=1")
+        ring_fk = rings.replay_keys(tree)
+        _gdn_decode_loop_kernel[(B * HV,)](
+            q, k, v, a, b, A_log, dt_bias, out, state, rings.d, rings.rawv, ring_fk, rings.k, rings.rawk, rings.g,
+            rings.beta,
+            slot_idx, origin, row_wp, row_flush, row_order if row_order is not None else row_wp,
+            scale, 1.0, 20.0,
+            _tok_stride(q, (H, K), "q"), _tok_stride(k, (H, K), "k"), _tok_stride(v, (HV, V), "v"),
+            a.stride(0), b.stride(0),
+            state.stride(0), rings.d.stride(0), rings.rawv.stride(0), ring_fk.stride(0), rings.k.stride(0),
+            rings.rawk.stride(0), rings.g.stride(0), rings.beta.stride(0),
+            H=H, HV=HV, K=K, V=V, BK=BK, BV=bv_cfg, BVF=min(cfg.flush_cols, bv_cfg), RL=RL,
+            RLB=triton.next_power_of_2(RL), EVICT=cfg.evict_first, UNROLL=gdn_replay_unroll(), TREE=tree,
+            RT=gdn_history_rt(decode=True), ORDER=row_order is not None, RAW_K=rings.has_raw_keys,
+            NSTG=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+    elif cfg.split in (3, 4):
         # One launch fewer: the state launch of the two-launch pair also runs the flush rows; plan 4
         # also leaves out the prep launch (each state program makes its row's ring products).
         _verify_split(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), a.unsqueeze(1), b.unsqueeze(1), A_log, dt_bias,

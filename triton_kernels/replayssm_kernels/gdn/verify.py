@@ -25,9 +25,10 @@ import triton
 import triton.language as tl
 
 from ..configs import (GDN_K_FORMS, gdn_history_rt, gdn_k_tree, gdn_pdl, gdn_prep_plan, gdn_replay_unroll,
-                       gdn_state_dot, gdn_state_kc, gdn_verify_config)
+                       gdn_state_dot, gdn_state_kc, gdn_verify_config, gdn_verify_maxnreg)
 from .common import gdn_gate, gdn_l2norm, gdn_l2norm_vec, gdn_tile_ids
 from .verify_mm import _gdn_verify_mm_kernel
+from .verify_loop import _gdn_verify_fused_kernel, _gdn_verify_state_loop_kernel
 from .verify_split import _gdn_verify_prep_kernel, _gdn_verify_state_kernel, scratch_floats
 from .rings import GDNRings, check_gdn_rings
 
@@ -255,14 +256,15 @@ def gdn_replay_verify(
     if B == 0 or T == 0:
         return out
     BK = triton.next_power_of_2(K)
-    BV, num_warps, num_stages, use_dot = gdn_verify_config(K, V, T)
+    BV, num_warps, num_stages, use_dot = gdn_verify_config(K, V, T, rows=B)
     BV = min(triton.next_power_of_2(V), BV)
     BT = triton.next_power_of_2(T)
     RL = rings.ring_len
     RLB = triton.next_power_of_2(RL)
-    if use_dot == 4 and T <= 16:
+    if use_dot in (4, 5, 6) and T <= 16:
         _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, origin, scale, out,
-                      BK, min(triton.next_power_of_2(V), BV), num_warps, num_stages)
+                      BK, min(triton.next_power_of_2(V), BV), num_warps, num_stages, vloop=use_dot >= 5,
+                      fused=use_dot == 6)
         return out
     kernel = _gdn_verify_kernel
     extra = {}
@@ -297,12 +299,16 @@ def gdn_replay_verify(
 
 def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, origin, scale, out,
                   BK, BV, num_warps, num_stages, row_wp=None, row_flush=None, flush_cols=0, row_order=None,
-                  inline_prep=False):
+                  inline_prep=False, vloop=False, fused=False):
     """Two-launch verify (verify_split.py): per-head window algebra, then one pass over the state.
     With `row_wp`/`row_flush` (decode, T = 1) only the non-flush rows are computed, unless
     `flush_cols` > 0: then the state launch also runs the flush rows exactly, `flush_cols`
     columns at a time (decode plan 3), in the order of `row_order` if given. `inline_prep`
-    (decode plan 4) leaves out the prep launch: each state program makes its row's products."""
+    (decode plan 4) leaves out the prep launch: each state program makes its row's products.
+    `vloop` (verify plan products 5) runs the state launch as one program per row and value
+    head that walks the value rows `BV` at a time, its tile loads pipelined (verify_loop.py);
+    tensor-core products (its tiles are at least 16 x 16). `fused` (products 6, with `vloop`)
+    leaves out the prep launch: those programs make the prep's products themselves."""
     B, T, H, K = k.shape
     HV, V = state.shape[1], state.shape[2]
     BT = triton.next_power_of_2(T)
@@ -311,13 +317,19 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
     decode = row_wp is not None
     if inline_prep and (not decode or T != 1):
         raise ValueError("inline_prep is decode plan 4's (T = 1 with row_wp/row_flush)")
+    if vloop and (decode or inline_prep):
+        raise ValueError("vloop is a verify state launch (no decode rows, with the prep launch)")
+    if fused and not vloop:
+        raise ValueError("fused is the looping state launch (vloop) without the prep launch")
+    if vloop:
+        BV, BK = max(BV, 16), max(BK, 16)
     # Tensor-core products need tiles of 16+ rows and keys (a launch-plan choice: both paths give
     # the outputs within the baseline's error, and neither touches the committed state).
-    dot = gdn_state_dot(decode) and BV >= 16 and BK >= 16 and not inline_prep
+    dot = vloop or (gdn_state_dot(decode) and BV >= 16 and BK >= 16 and not inline_prep)
     if dot:
         RLB = max(RLB, 16)  # the history product's inner dimension (prep and state share the scratch layout)
     NS = scratch_floats(BT, RLB)
-    scratch = torch.empty((1,) if inline_prep else (B, HV, NS), dtype=torch.float32, device=state.device)
+    scratch = torch.empty((1,) if inline_prep or fused else (B, HV, NS), dtype=torch.float32, device=state.device)
     sq, sk, sv = _strides4(q, K, "q"), _strides4(k, K, "k"), _strides4(v, V, "v")
     rows = (row_wp, row_flush) if row_wp is not None else (slot_idx, slot_idx)  # unused without ROWS
     tree = gdn_k_tree(K)
@@ -329,6 +341,22 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
     prep_warps, prep_kc = gdn_prep_plan(K)
     pdl = gdn_pdl() and not inline_prep
     kc = 0 if dot or inline_prep else gdn_state_kc(K, decode=decode)
+    # A register cap for the looping programs (configs.gdn_verify_maxnreg), a compile option.
+    cap = {"maxnreg": gdn_verify_maxnreg()} if vloop and gdn_verify_maxnreg() else {}
+    if fused:
+        _gdn_verify_fused_kernel[(B * HV,)](
+            q, k, v, a, b, A_log, dt_bias, out, state, rings.d, rings.rawv, rings.k, rings.g, rings.rawk, rings.beta,
+            slot_idx, wpos, origin,
+            scale, 1.0, 20.0,
+            T,
+            *sq, *sk, *sv, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            state.stride(0), rings.d.stride(0), rings.rawv.stride(0), rings.k.stride(0), rings.g.stride(0),
+            rings.rawk.stride(0), rings.beta.stride(0),
+            H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT, RL=RL, RLB=RLB, NP=max(16, 2 * BT), EVICT=True,
+            RT=gdn_history_rt(decode=False), TREE=tree, RAW_K=rings.has_raw_keys, NSTG=num_stages,
+            num_warps=num_warps, num_stages=num_stages, **cap,
+        )
+        return
     if not inline_prep:
         _gdn_verify_prep_kernel[(B * H,)](
             q, k, a, b, A_log, dt_bias, rings.k, rings.g, rings.rawk, rings.beta,
@@ -340,6 +368,19 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
             H=H, HV=HV, K=K, BK=BK, BT=BT, RL=RL, RLB=RLB, NS=NS, ROWS=row_wp is not None, TREE=tree,
             KC=prep_kc, RAW_K=rings.has_raw_keys, PDL=pdl, num_warps=prep_warps,
         )
+    if vloop:
+        _gdn_verify_state_loop_kernel[(B * HV,)](
+            q, k, v, out, state, rings.d, rings.rawv,
+            slot_idx, wpos, origin, scratch,
+            scale,
+            T,
+            *sq, *sk, *sv,
+            state.stride(0), rings.d.stride(0), rings.rawv.stride(0),
+            H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT, RL=RL, RLB=RLB, NS=NS, NP=max(16, 2 * BT), EVICT=True,
+            RT=gdn_history_rt(decode=False), PDL=pdl, NSTG=num_stages,
+            num_warps=num_warps, num_stages=num_stages, **cap, **({"launch_pdl": True} if pdl else {}),
+        )
+        return
     _gdn_verify_state_kernel[(triton.cdiv(V, BV) * B * HV,)](
         q, k, v, out, state, rings.d, rings.rawv,
         slot_idx, wpos, origin, scratch, rows[0], rows[1],

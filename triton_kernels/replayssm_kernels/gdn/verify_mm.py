@@ -18,7 +18,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import gdn_gate, gdn_l2norm_rows, gdn_tile_ids
+from .common import gdn_l2norm_rows, gdn_tile_ids
+from .verify_split import window_gates
 
 
 @triton.jit
@@ -64,12 +65,8 @@ def _gdn_verify_mm_kernel(
                    other=0).to(tl.float32)
     b_vraw = tl.load(v + i_n * stride_v_row + o_c[None, :] * stride_v_tok + i_hv * V + o_v[:, None],
                      mask=mask_v[:, None] & m_c[None, :], other=0)  # [BV, 16]
-    b_a = tl.load(a + i_n * stride_a_row + o_c * stride_a_tok + i_hv, mask=m_c, other=0).to(tl.float32)
-    b_b = tl.load(b + i_n * stride_b_row + o_c * stride_b_tok + i_hv, mask=m_c, other=0).to(tl.float32)
-    b_A_log = tl.load(A_log + i_hv).to(tl.float32)
-    b_dt_bias = tl.load(dt_bias + i_hv).to(tl.float32)
-    b_g, b_beta = gdn_gate(b_a, b_b, b_A_log, b_dt_bias, softplus_beta, softplus_threshold)
-    b_g = tl.where(m_c, b_g, 0.0)
+    b_g, b_beta = window_gates(a, b, A_log, dt_bias, i_n, i_hv, stride_a_row, stride_a_tok, stride_b_row,
+                               stride_b_tok, softplus_beta, softplus_threshold, T, 16)
     b_kw = b_kraw.to(tl.float32)
     b_kw = gdn_l2norm_rows(b_kw, TREE)  # into the `k` ring (exact fold reads it)
     b_qw = b_qw / tl.sqrt(tl.sum(b_qw * b_qw, 1) + 1e-6)[:, None] * scale

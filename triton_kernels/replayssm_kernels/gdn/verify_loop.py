@@ -1,0 +1,274 @@
+"""GDN ReplaySSM speculative verify: state launches with one program per (row, value head).
+
+Same mathematics, products and ring protocol as `verify_split.py` (read its docstring); the
+tensor-core (tf32x3) form of its state launch. `verify_split.py`'s state launch gives each
+program `BV` value rows of one (row, value head), so everything that does not depend on the
+value row (the probe matrix of the window's keys and queries, with its loads, norms and tf32x3
+split; the history weights; the window's `M`, `C`, `exp(Gw)`, `beta`) is redone by every one of
+the `V / BV` programs of a value head, and each program has a single tile to read. Here one
+program owns a whole (row, value head): it makes those once and walks its value rows `BV` at a
+time, the checkpoint tile loads software-pipelined by Triton (`tl.range(num_stages=NSTG)`:
+asynchronous copies into shared memory, the next tiles in flight while one is used).
+
+* `_gdn_verify_state_loop_kernel` (verify plan products 5): the state launch after
+  `verify_split.py`'s prep launch, reading the prep's scratch.
+* `_gdn_verify_fused_kernel` (products 6): no prep launch. Each program also makes the prep's
+  products for its value head, on tensor cores: the ring-key products `W = (K_r P) * w` and the
+  window's Gram matrix `P^T P` (its `k . k` and `k . q` blocks), then `M`, `C` with the prep's
+  expressions (`window_algebra`). It writes the window's `g` and `beta` into its value head's
+  rings, and the key head's first value head writes the window's keys (normalised and raw) as
+  the prep does (`gdn_l2norm_rows`, `window_gates_to_ring`): the exact fold reads those bits. The
+  ring-key products of a key head are made by each of its `HV / H` value heads (the prep makes
+  them once).
+
+* `_gdn_decode_loop_kernel` (decode plan 5): a decode step in one launch, the decode's form of
+  products 6 (T = 1, CUDA-core products as decode plans 3 and 4). A non-flush row's program makes
+  its ring-key products, gate and `k . q` once (decode plan 4 makes them once per `BV` rows: 16
+  times per value head at `BV` = 16) and writes the token's `g`, `beta` and keys into the rings
+  with plan 4's expressions; a flush row's program runs the exact path over its value rows `BV`
+  at a time. With `ORDER` the rows go in `row_order`'s order (the flush rows early).
+
+Grid: `(B * HV,)`.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from .common import (gdn_decode_flush, gdn_l2norm_rows, gdn_l2norm_vec, gdn_ring_append_gate_keys,
+                     gdn_token_gate)
+from .verify_split import (history_dot, history_gate_weights, history_mma, history_weights, probe_matrix,
+                           ring_key_products, scratch_dec, scratch_window, split_hk_hq, window_algebra,
+                           window_gates_to_ring, window_outputs, window_probe)
+
+
+@triton.jit
+def _tile_and_history(p_h, p_d, o_v, mask_v, o_k, mask_k, phys_j, m_j, K: tl.constexpr, V: tl.constexpr,
+                      EVICT: tl.constexpr, RT: tl.constexpr):
+    """One step of a looping program: the checkpoint tile of value rows `o_v` (`[BV, BK]`) and
+    their committed `d` entries (`[BV, RLB]` with RT, else `[RLB, BV]`; `history_dot`'s forms)."""
+    b_h = tl.load(p_h + o_v[:, None] * K + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :], other=0,
+                  eviction_policy="evict_first" if EVICT else "")
+    if RT:
+        b_ur = tl.load(p_d + phys_j[None, :] * V + tl.max_contiguous(o_v, 1)[:, None],
+                       mask=m_j[None, :] & mask_v[:, None], other=0).to(tl.float32)
+    else:
+        b_ur = tl.load(p_d + phys_j[:, None] * V + o_v[None, :], mask=m_j[:, None] & mask_v[None, :],
+                       other=0).to(tl.float32)
+    return b_h, b_ur
+
+
+@triton.jit
+def _state_tiles(v, o, state, ring_d, ring_rawv, slot, i_n, i_hv, wp, org, T, stride_v_tok, stride_v_row,
+                 stride_state_slot, stride_d_slot, stride_rawv_slot, b_p, b_w, b_dec, b_eg, b_beta, b_M, b_C,
+                 HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                 BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr, NP: tl.constexpr, EVICT: tl.constexpr,
+                 RT: tl.constexpr, NSTG: tl.constexpr):
+    """The value rows of one (row, value head), `BV` at a time: `hk`, `hq` from the checkpoint
+    tile and the committed `d` entries (`history_mma`), then the window's `u` and outputs, the
+    raw `v` and `u` into the rings."""
+    o_k = tl.arange(0, BK)
+    o_b = tl.arange(0, BV)
+    o_t = tl.arange(0, BT)
+    o_j = tl.arange(0, RLB)
+    mask_k = o_k < K
+    m_t = o_t < T
+    m_j = o_j < wp
+    phys_j = (org + o_j) % RL
+    phys_t = (org + wp + o_t) % RL
+    p_h = state + slot * stride_state_slot + i_hv * K * V
+    p_d = ring_d + slot * stride_d_slot + i_hv * RL * V
+    p_rv = ring_rawv + slot * stride_rawv_slot + i_hv * RL * V
+    p_v = v + i_n * stride_v_row + i_hv * V
+    p_o = o + (i_n * T * HV + i_hv) * V
+    for i_v in tl.range(0, (V + BV - 1) // BV, num_stages=NSTG):
+        o_v = i_v * BV + o_b
+        mask_v = o_v < V
+        b_h, b_ur = _tile_and_history(p_h, p_d, o_v, mask_v, o_k, mask_k, phys_j, m_j, K, V, EVICT, RT)
+        b_hk, b_hq = split_hk_hq(history_mma(b_dec * tl.dot(b_h, b_p, input_precision="tf32x3"), b_ur, b_w, RT),
+                                  BT, NP)
+        m_vt = mask_v[:, None] & m_t[None, :]
+        b_vraw = tl.load(p_v + o_t[None, :] * stride_v_tok + o_v[:, None], mask=m_vt, other=0)
+        tl.store(p_rv + phys_t[None, :] * V + o_v[:, None], b_vraw, mask=m_vt)
+        b_u, b_o = window_outputs(b_hk, b_hq, b_vraw, b_eg, b_beta, b_M, b_C)
+        tl.store(p_o + o_t[None, :] * (HV * V) + o_v[:, None], b_o.to(o.dtype.element_ty), mask=m_vt)
+        tl.store(p_d + phys_t[None, :] * V + o_v[:, None], b_u.to(ring_d.dtype.element_ty), mask=m_vt)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _gdn_verify_state_loop_kernel(
+    q, k, v, o, state, ring_d, ring_rawv,
+    slot_idx, wpos, origin, scratch,
+    scale,
+    T,
+    stride_q_row, stride_q_tok, stride_k_row, stride_k_tok, stride_v_row, stride_v_tok,
+    stride_state_slot, stride_d_slot, stride_rawv_slot,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
+    NS: tl.constexpr, NP: tl.constexpr, EVICT: tl.constexpr, RT: tl.constexpr = False, PDL: tl.constexpr = False,
+    NSTG: tl.constexpr = 2,
+):
+    """Products 5: the state launch after the prep launch (its scratch). With `PDL` the program
+    builds its probe matrix before the wait, and reads the scratch and the tiles after it.
+    Offline sm_90 build (`scripts/kernel_regs.py --state-launch`): the loop body is ~800 SASS
+    instructions per 16 value rows, against 1360-1608 per 16 rows for the per-tile programs."""
+    i_n, i_hv = tl.program_id(0) // HV, tl.program_id(0) % HV
+    slot = tl.load(slot_idx + i_n).to(tl.int64)
+    if slot < 0:
+        return
+    b_p = probe_matrix(q, k, i_n, i_hv // (HV // H), T, stride_q_row, stride_q_tok, stride_k_row, stride_k_tok,
+                        scale, K, BK, BT, NP)
+    if PDL:
+        gdc_wait()  # the prep launch's scratch below
+    p_sc = scratch + (i_n * HV + i_hv).to(tl.int64) * NS
+    b_eg, b_beta, b_M, b_C = scratch_window(p_sc, BT, RLB)
+    _state_tiles(v, o, state, ring_d, ring_rawv, slot, i_n, i_hv, tl.load(wpos + slot), tl.load(origin + slot), T,
+                 stride_v_tok, stride_v_row, stride_state_slot, stride_d_slot, stride_rawv_slot, b_p,
+                 history_weights(p_sc, BT, RLB, NP), scratch_dec(p_sc, BT, RLB), b_eg, b_beta, b_M, b_C,
+                 HV, K, V, BK, BV, BT, RL, RLB, NP, EVICT, RT, NSTG)
+
+
+@triton.jit
+def _gram_block(b_gram, r: tl.constexpr, c: tl.constexpr, BT: tl.constexpr, NP: tl.constexpr):
+    """Block `(r, c)` (`[BT, BT]`) of an `[NP, NP]` Gram matrix of the probe matrix's columns
+    (group 0: keys, 1: queries)."""
+    BG: tl.constexpr = NP // BT
+    b4 = tl.reshape(b_gram, [BG, BT, BG, BT])
+    o_g = tl.arange(0, BG)
+    sel = (o_g[:, None, None, None] == r) & (o_g[None, None, :, None] == c)
+    return tl.sum(tl.sum(tl.where(sel, b4, 0.0), 2), 0)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _gdn_verify_fused_kernel(
+    q, k, v, a, b, A_log, dt_bias, o, state, ring_d, ring_rawv, ring_k, ring_g, ring_rawk, ring_beta,
+    slot_idx, wpos, origin,
+    scale, softplus_beta, softplus_threshold,
+    T,
+    stride_q_row, stride_q_tok, stride_k_row, stride_k_tok, stride_v_row, stride_v_tok,
+    stride_a_row, stride_a_tok, stride_b_row, stride_b_tok,
+    stride_state_slot, stride_d_slot, stride_rawv_slot, stride_k_slot, stride_g_slot, stride_rawk_slot,
+    stride_beta_slot,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
+    NP: tl.constexpr, EVICT: tl.constexpr, RT: tl.constexpr = False, TREE: tl.constexpr = False,
+    RAW_K: tl.constexpr = True, NSTG: tl.constexpr = 2,
+):
+    """Products 6: the whole verify in one launch (module docstring)."""
+    i_n, i_hv = tl.program_id(0) // HV, tl.program_id(0) % HV
+    i_h = i_hv // (HV // H)
+    slot = tl.load(slot_idx + i_n).to(tl.int64)
+    if slot < 0:
+        return
+    wp = tl.load(wpos + slot)
+    org = tl.load(origin + slot)
+    o_k = tl.arange(0, BK)
+    o_t = tl.arange(0, BT)
+    o_j = tl.arange(0, RLB)
+    mask_k = o_k < K
+    m_j = o_j < wp
+    phys_j = (org + o_j) % RL
+    phys_t = (org + wp + o_t) % RL
+
+    # The window's keys into the key head's rings (the prep's expressions), by its first value head.
+    if i_hv % (HV // H) == 0:
+        m_tk = (o_t < T)[:, None] & mask_k[None, :]
+        b_kraw = tl.load(k + i_n * stride_k_row + o_t[:, None] * stride_k_tok + i_h * K + o_k[None, :], mask=m_tk,
+                         other=0)
+        p_rk = (i_h * RL + phys_t)[:, None] * K + o_k[None, :]
+        tl.store(ring_k + slot * stride_k_slot + p_rk,
+                 gdn_l2norm_rows(b_kraw.to(tl.float32), TREE).to(ring_k.dtype.element_ty), mask=m_tk)
+        if RAW_K:
+            tl.store(ring_rawk + slot * stride_rawk_slot + p_rk, b_kraw, mask=m_tk)
+    b_gw, b_betaw = window_gates_to_ring(a, b, A_log, dt_bias, ring_g, ring_beta, slot, i_n, i_hv,
+                                         stride_a_row, stride_a_tok, stride_b_row, stride_b_tok, stride_g_slot,
+                                         stride_beta_slot, phys_t, softplus_beta, softplus_threshold, T, BT, RL)
+
+    # The prep's products, on tensor cores: ring-key products with the probes, the window's Gram matrix.
+    b_p = probe_matrix(q, k, i_n, i_h, T, stride_q_row, stride_q_tok, stride_k_row, stride_k_tok, scale,
+                        K, BK, BT, NP)
+    b_kr = tl.load(ring_k + slot * stride_k_slot + (i_h * RL + phys_j)[:, None] * K + o_k[None, :],
+                   mask=m_j[:, None] & mask_k[None, :], other=0).to(tl.float32)  # [RLB, BK]
+    b_w, b_gtot = history_gate_weights(ring_g, slot, i_hv, stride_g_slot, phys_j, m_j, RL)
+    b_w = tl.dot(b_kr, b_p, input_precision="tf32x3") * b_w[:, None]  # [RLB, NP]: WK then WQ
+    b_gram = tl.dot(tl.trans(b_p), b_p, input_precision="tf32x3")  # [NP, NP]
+    b_M, b_C, b_gc = window_algebra(b_gw, b_betaw, _gram_block(b_gram, 0, 0, BT, NP), _gram_block(b_gram, 0, 1, BT, NP),
+                                    T, BT)
+    _state_tiles(v, o, state, ring_d, ring_rawv, slot, i_n, i_hv, wp, org, T, stride_v_tok, stride_v_row,
+                 stride_state_slot, stride_d_slot, stride_rawv_slot, b_p, b_w, tl.exp(b_gtot), tl.exp(b_gc),
+                 tl.where(o_t < T, b_betaw, 0.0), b_M, b_C, HV, K, V, BK, BV, BT, RL, RLB, NP, EVICT, RT, NSTG)
+
+
+@triton.jit
+def _gdn_decode_loop_kernel(
+    q, k, v, a, b, A_log, dt_bias, o, state, ring_d, ring_rawv, ring_fk, ring_kn, ring_kraw, ring_g, ring_beta,
+    slot_idx, origin, row_wp, row_flush, row_order,
+    scale, softplus_beta, softplus_threshold,
+    stride_q_row, stride_k_row, stride_v_row, stride_a_row, stride_b_row,
+    stride_state_slot, stride_d_slot, stride_rawv_slot, stride_fk_slot, stride_kn_slot, stride_kraw_slot,
+    stride_g_slot, stride_beta_slot,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    BVF: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr, EVICT: tl.constexpr, UNROLL: tl.constexpr = 1,
+    TREE: tl.constexpr = False, RT: tl.constexpr = False, ORDER: tl.constexpr = False, RAW_K: tl.constexpr = True,
+    NSTG: tl.constexpr = 2,
+):
+    """Decode plan 5 (module docstring)."""
+    i_n, i_hv = tl.program_id(0) // HV, tl.program_id(0) % HV
+    i_h = i_hv // (HV // H)
+    if ORDER:
+        i_n = tl.load(row_order + i_n)  # scheduling only (cursors.decode_row_order)
+    slot = tl.load(slot_idx + i_n).to(tl.int64)
+    if slot < 0:
+        return
+    wp = tl.load(row_wp + i_n)
+    org = tl.load(origin + slot)
+    b_g, b_beta = gdn_token_gate(a, b, A_log, dt_bias, i_n, i_hv, stride_a_row, stride_b_row, softplus_beta,
+                                 softplus_threshold)
+    p_h = state + slot * stride_state_slot + i_hv * K * V
+    p_rv = ring_rawv + slot * stride_rawv_slot + i_hv * RL * V
+    p_v = v + i_n * stride_v_row + i_hv * V
+    p_o = o + (i_n * HV + i_hv) * V
+    if tl.load(row_flush + i_n) != 0:
+        # The exact path (decode plan 3's flush rows), BV value rows at a time.
+        for i_v in range(0, (V + BV - 1) // BV):
+            gdn_decode_flush(p_h, p_v, p_o, q + i_n * stride_q_row + i_h * K, k + i_n * stride_k_row + i_h * K,
+                             ring_fk + slot * stride_fk_slot + i_h * RL * K, p_rv,
+                             ring_g + slot * stride_g_slot + i_hv * RL, ring_beta + slot * stride_beta_slot + i_hv * RL,
+                             b_g, b_beta, wp, org, i_v, scale, K, V, BK, BV, BVF, RL, UNROLL, TREE)
+        return
+
+    o_k = tl.arange(0, BK)
+    o_j = tl.arange(0, RLB)
+    mask_k = o_k < K
+    m_j = o_j < wp
+    b_ks, b_qs = window_probe(q, k, i_n, i_h, 0, 1, stride_q_row, 0, stride_k_row, 0, scale, o_k, mask_k, K)
+    b_kk, b_kq = ring_key_products(ring_kn, slot, org, wp, i_h, stride_kn_slot, b_ks, b_qs, o_k, mask_k, o_j,
+                                   K, RL, RLB)
+    b_w, b_gtot = history_gate_weights(ring_g, slot, i_hv, stride_g_slot, (org + o_j) % RL, m_j, RL)
+    b_wk = b_kk * b_w
+    b_wq = b_kq * b_w
+    b_dec = tl.exp(b_gtot)
+    b_eg = tl.exp(b_g)
+    b_c = tl.sum(b_ks * b_qs)
+    # The token's ring entries (decode plan 4's writes: the normalised key in the replay form's bits).
+    b_kraw = tl.load(k + i_n * stride_k_row + i_h * K + o_k, mask=mask_k, other=0)
+    phys = (org + wp) % RL
+    gdn_ring_append_gate_keys(ring_g, ring_beta, ring_kn, ring_kraw, stride_g_slot, stride_beta_slot, stride_kn_slot,
+                              stride_kraw_slot, slot, phys, 0, i_hv, i_h, b_g, b_beta,
+                              gdn_l2norm_vec(b_kraw.to(tl.float32), TREE), b_kraw, o_k, mask_k, H, HV, K, RL, RAW_K)
+    p_d = ring_d + slot * stride_d_slot + i_hv * RL * V
+    phys_j = (org + o_j) % RL
+    o_b = tl.arange(0, BV)
+    for i_v in tl.range(0, (V + BV - 1) // BV, num_stages=NSTG):
+        o_v = i_v * BV + o_b
+        mask_v = o_v < V
+        b_h, b_ur = _tile_and_history(p_h, p_d, o_v, mask_v, o_k, mask_k, phys_j, m_j, K, V, EVICT, RT)
+        b_hk = b_dec * tl.sum(b_h * b_ks[None, :], 1) + history_dot(b_ur, b_wk, RT)
+        b_hq = b_dec * tl.sum(b_h * b_qs[None, :], 1) + history_dot(b_ur, b_wq, RT)
+        b_vraw = tl.load(p_v + o_v, mask=mask_v, other=0)
+        tl.store(p_rv + phys * V + o_v, b_vraw, mask=mask_v)
+        b_u = b_beta * (b_vraw.to(tl.float32) - b_eg * b_hk)
+        tl.store(p_o + o_v, (b_hq * b_eg + b_u * b_c).to(o.dtype.element_ty), mask=mask_v)
+        tl.store(p_d + phys * V + o_v, b_u.to(ring_d.dtype.element_ty), mask=mask_v)
