@@ -147,9 +147,12 @@ def gdn_verify_bytes_baseline(B, H, HV, K, V, T, act=2):
 # yet on a GPU; gdn/verify_loop.py): the state launch as one program per row and value head walking
 # its value rows, the tile loads software-pipelined, after the prep launch (5) or with the prep's
 # products made in it (6: one launch). (8, 1, 2, 4) and (16, 2, 2, 4) left this list then: 607.8
-# and 576.8 us against 447.1 for the best plan at batch 256 in run 14.
+# and 576.8 us against 447.1 for the best plan at batch 256 in run 14. A fifth number is the loop
+# split (session 29, configs.gdn_verify_loop_split): (16, 1, 1, 6, 8) is the whole verify in one
+# launch with one 16-row tile per program (B * HV * 8 programs, each making the prep's products:
+# for small batches, where B * HV programs leave most SMs idle); (16, 1, 2, 6, 2) two shares.
 VERIFY_CONFIGS = ((16, 1, 2, 4), (32, 1, 2, 4), (64, 4, 2, 4), (16, 1, 2, 5), (32, 2, 2, 5), (16, 1, 2, 6),
-                  (32, 2, 2, 6))
+                  (32, 2, 2, 6), (16, 1, 2, 6, 2), (16, 1, 1, 6, 8))
 # GDN decode launch plans (configs.GDNDecodeConfig: split, block_v, warps, stages, flush_cols, dot,
 # evict_first). (2, 16, ...) is the default since run 5; (0, 32, 1, 3, 32, 0, 0), the one-launch
 # plan with the whole-tile flush, was the fastest one-launch plan in runs 3-4. Fused plans at
@@ -157,10 +160,11 @@ VERIFY_CONFIGS = ((16, 1, 2, 4), (32, 1, 2, 4), (64, 4, 2, 4), (16, 1, 2, 5), (3
 # Plan 4 (session 27, not yet on a GPU): plan 3 without its prep launch (run 14: 24 us of the
 # non-flush step at batch 256 ran in that launch, exposed). Plan 5 (session 28, not yet on a GPU):
 # one launch, one program per row and value head (gdn/verify_loop.py); offline sm_90 96 registers
-# at 8 and 16 rows, tile loads pipelined in 2 stages.
+# at 8 and 16 rows, tile loads pipelined in 2 stages; an eighth number is its loop split (session 29:
+# 2 programs per row and value head, so a flush row's exact path is half as long).
 DECODE_CONFIGS = ((0, 32, 1, 3, 32, 0, 0), (2, 16, 1, 3, 32, 0, 1), (2, 16, 1, 3, 8, 0, 1),
                   (3, 16, 1, 3, 8, 0, 1), (3, 16, 1, 3, 16, 0, 1), (3, 32, 1, 3, 8, 0, 1),
-                  (4, 16, 1, 3, 8, 0, 1), (5, 16, 1, 2, 8, 0, 1), (5, 8, 1, 2, 8, 0, 1))
+                  (4, 16, 1, 3, 8, 0, 1), (5, 16, 1, 2, 8, 0, 1), (5, 8, 1, 2, 8, 0, 1), (5, 16, 1, 2, 8, 0, 1, 2))
 # (32, 4, 2, 0): the one-launch verify, for small batches, where the two-launch default adds a
 # launch per layer (batch 1: 23.9 us in run 3 vs 24.7 us for the default in run 5, SGLang 15.7 us;
 # never timed side by side).

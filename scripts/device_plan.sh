@@ -35,7 +35,9 @@
 #                  plan 3 vs 4 vs 5, the benchmark at 256/128/64                           [.site]
 #   gdn_vloop      the GDN verify's state launch as one program per row and value head walking its value
 #                  rows, tile loads software-pipelined (verify plan products 5, session 28, never on a
-#                  GPU): GDN verify tests with it, verify phases per plan, bench 256/8/1      [.site]
+#                  GPU): GDN verify tests with it, verify phases per plan, bench 256          [.site]
+#   gdn_vsmall     the looping verify plans with loop splits (session 29) at batches 8 and 1 (bench),
+#                  then the verify phases at 256 with gdn_verify_maxnreg=168                   [.site]
 #   gdn_small      GDN spec below batch 64: the one-launch commit (cursor move inside the fold): tests
 #                  with it on, bench 64/32/8/1 timing the commit both ways               [.whl]
 #   gdn_sweep      GDN launch plans and the exact replay's unroll depths vs SGLang's kernels  [.whl]
@@ -281,15 +283,32 @@ step_gdn_vloop() {
   # plan as the verify plan (with the tree-form bits of its ring writes in the tests that compare
   # states), the verify phases per plan at batch 256 (5's state launch alone beside the per-tile
   # one), then the benchmark (VERIFY_CONFIGS time both beside 32x1x2x4, the default from 4 rows
-  # since session 28, after the GPU check).
+  # since session 28, after the GPU check) at batch 256. Session 29 split the small batches off into
+  # gdn_vsmall: the benchmark at batch 256 alone took 166 s in session 27 with fewer plans, so
+  # 256/8/1 after the tests and two profiles would not have fitted one call.
   local d="$OUT/gdn_vloop"
-  run env OUT="$d" REPLAYSSM_CONFIG=gdn_verify=16x1x2x6 GDNTESTS_TIMEOUT=200 GDNTESTS_K="verify or state_loop" \
+  run env OUT="$d" REPLAYSSM_CONFIG=gdn_verify=16x1x2x6 GDNTESTS_TIMEOUT=180 GDNTESTS_K="verify or state_loop" \
     bash scripts/device_kernels.sh gdntests
   profile_per_config "$d" \
     "--decode-configs 3x16x1x3x8x0x1 --verify-configs 32x1x2x4,16x1x2x5,32x2x2x5,16x1x2x6,32x2x2x6 --verify-fills 0,12 --fold-lens 12 --reps 15" \
-    gdn_verify_maxnreg=0 gdn_verify_maxnreg=168
-  run env OUT="$d" BENCH_TIMEOUT=$(( $(left) - 15 )) BENCH_ARGS="--family gdn --batches 256,8,1" \
+    gdn_verify_maxnreg=0
+  run env OUT="$d" BENCH_TIMEOUT=$(( $(left) - 15 )) BENCH_ARGS="--family gdn --batches 256" \
     bash scripts/device_kernels.sh bench
+}
+
+step_gdn_vsmall() {
+  # Session 29 (no GPU): the looping plans at small batches, with loop splits (VS programs per row
+  # and value head; gdn_verify's fifth number): 16x1x1x6x8 is the whole verify in one launch with
+  # one 16-row tile per program (256 programs at batch 1, HV = 32), against the spec step's 0.88x of
+  # stock at batch 1 (run 14; four launches against stock's two). The benchmark at batches 8 and 1
+  # first (VERIFY_CONFIGS, after its GPU check of every plan), then, with what is left, the verify
+  # phases at batch 256 with the looping programs' register cap (gdn_verify_maxnreg=168).
+  local d="$OUT/gdn_vsmall"
+  run env OUT="$d" BENCH_TIMEOUT=$(( $(left) - 130 )) BENCH_ARGS="--family gdn --batches 8,1" \
+    bash scripts/device_kernels.sh bench
+  profile_per_config "$d" \
+    "--decode-configs 3x16x1x3x8x0x1 --verify-configs 16x1x2x5,16x1x2x6,32x2x2x6 --verify-fills 0,12 --fold-lens 12 --reps 15" \
+    gdn_verify_maxnreg=168
 }
 
 step_gdn_small() {
@@ -522,7 +541,7 @@ step_aime() {
     --time-budget $(( $(left) - 30 ))
 }
 
-STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_order gdn_pdl gdn_prep gdn_plan4 gdn_vloop gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
+STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_order gdn_pdl gdn_prep gdn_plan4 gdn_vloop gdn_vsmall gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
 [ $# -gt 0 ] || { echo "usage: $0 STEP [STEP ...]; steps: ${STEPS[*]}" >&2; exit 2; }
 for s in "$@"; do
   [[ " ${STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s; steps: ${STEPS[*]}" >&2; exit 2; }

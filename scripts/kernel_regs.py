@@ -150,9 +150,12 @@ def gdn_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
     c = dict(H=H, HV=HV, K=K, V=V, BK=head["BK"], BV=16, BVF=8, RL=L, RLB=head["RLB"], EVICT=True,
              UNROLL=gdn_replay_unroll(), RT=True, ORDER=True, NSTG=2)
     kern = verify_loop._gdn_decode_loop_kernel
-    rows.append(("decode plan 5 (one program per row and value head) bv16 w1 history-rt",
-                 *ptxas_report(kern, signature(kern, {**ptrs, "ring_kn": "*fp32", "ring_kraw": "*bf16",
-                                                      "row_order": "*i32"}, c), c, 1, 2)))
+    for vs in (1, 2):
+        rows.append(("decode plan 5 (one program per row and value head) bv16 w1 history-rt"
+                     + (f", {vs} programs per row and value head" if vs > 1 else ""),
+                     *ptxas_report(kern, signature(kern, {**ptrs, "ring_kn": "*fp32", "ring_kraw": "*bf16",
+                                                          "row_order": "*i32"}, {**c, "VS": vs}), {**c, "VS": vs},
+                                   1, 2)))
     for bvf in (32, 8):
         for unroll in (gdn_replay_unroll(), *GDN_UNROLL_SWEEP):
             c = dict(H=H, HV=HV, K=K, V=V, BK=head["BK"], BV=32, BVF=bvf, RL=L, HAS_DST=False, HAS_SNAP=True,
@@ -292,9 +295,10 @@ STATE_LAUNCH_PLANS = (
 )
 
 
-# (label, BV, warps, stages, fused): the verify's state launch as one program per row and value
+# (label, BV, warps, stages, fused[, VS]): the verify's state launch as one program per row and value
 # head walking its value rows (verify plan products 5, `gdn/verify_loop.py`), and with the prep's
-# products made in it (products 6: the whole verify in one launch; the GPU's tree-form rings).
+# products made in it (products 6: the whole verify in one launch; the GPU's tree-form rings); VS
+# programs per row and value head where given (the loop split, `configs.gdn_verify_loop_split`).
 STATE_LOOP_PLANS = (
     ("tensor cores, one program per row and value head, 16-row tiles, 2 stages", 16, 1, 2, False),
     ("tensor cores, one program per row and value head, 16-row tiles, 3 stages", 16, 1, 3, False),
@@ -302,6 +306,9 @@ STATE_LOOP_PLANS = (
     ("tensor cores, one program per row and value head, no prep launch, 16-row tiles, 2 stages", 16, 1, 2, True),
     ("tensor cores, one program per row and value head, no prep launch, 32-row tiles, 2 warps, 2 stages", 32, 2, 2,
      True),
+    ("tensor cores, no prep launch, 16-row tiles, 1 stage, 8 programs per row and value head (one tile each)", 16,
+     1, 1, True, 8),
+    ("tensor cores, no prep launch, 16-row tiles, 2 stages, 2 programs per row and value head", 16, 1, 2, True, 2),
 )
 
 
@@ -334,15 +341,18 @@ def state_launch_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
     plans += [(what, verify_loop._gdn_verify_fused_kernel if fused else verify_loop._gdn_verify_state_loop_kernel,
                bv, warps, stages,
                {**{n: x for n, x in common.items() if not (fused and n == "NS")}, "BV": bv, "RT": False,
-                "NSTG": stages, **({"TREE": 2, "RAW_K": False} if fused else {})})
-              for what, bv, warps, stages, fused in STATE_LOOP_PLANS]
+                "NSTG": stages, **({"TREE": 2, "RAW_K": False} if fused else {}), **({"VS": vs[0]} if vs else {})})
+              for what, bv, warps, stages, fused, *vs in STATE_LOOP_PLANS]
     rows = []
     for what, kern, bv, warps, stages, c in plans:
         compiled = compile_variant(kern, signature(kern, ptrs, c), c, warps, stages)
         regs, st, ld = ptxas_report(kern, None, c, warps, stages, compiled=compiled)
         ins, labels = _sass(compiled.asm["cubin"])
         ops = _opcodes(ins)
-        per_tile = _loop_body(ins, labels) if "NSTG" in c else len(ins)
+        # A looping program's loop body per tile; with a loop split its whole program over its tiles.
+        vs = c.get("VS", 1)
+        per_tile = (len(ins) / max(1, triton.cdiv(triton.cdiv(V, bv), vs)) if vs > 1 else _loop_body(ins, labels)) \
+            if "NSTG" in c else len(ins)
         rows.append(dict(plan=what, block_v=bv, warps=warps, sass=len(ins),
                          sass_per_16_rows=round(per_tile * warps * 16 / bv), shfl=ops.get("SHFL", 0),
                          mma=ops.get("HMMA", 0) + ops.get("HGMMA", 0), async_copies=ops.get("LDGSTS", 0),

@@ -116,6 +116,9 @@ def test_gdn_decode(B, H, HV, K, V, L, dtype, steps, device, assert_within_basel
     pytest.param((5, 16, 1, 3, 8, 0, 1), (128, 128, 16), id="plan5-bv16-flushcols8-K128"),
     pytest.param((5, 16, 1, 3, 16, 0, 1), (48, 40, 4), id="plan5-bv16-flushcols16-K48"),
     pytest.param((5, 8, 1, 2, 32, 0, 0), (32, 40, 4), id="plan5-bv8-K32-2stages"),
+    # Plan 5 with a loop split: 8 tiles in shares of 3, 3, 2; 3 tiles (the last partial) in 2, 1.
+    pytest.param((5, 16, 1, 3, 8, 0, 1, 3), (128, 128, 16), id="plan5-split3-K128"),
+    pytest.param((5, 16, 1, 2, 16, 0, 1, 2), (48, 40, 4), id="plan5-split2-K48"),
 ])
 def test_gdn_decode_launch_variants(cfg, shape, device, assert_within_baseline):
     """Every launch plan of configs.GDNDecodeConfig keeps the committed state bit-exact."""
@@ -200,6 +203,9 @@ def test_gdn_verify_commit(B, H, HV, K, V, L, T_max, dtype, steps, device, asser
     pytest.param((32, 4, 2, 4), id="split"),
     pytest.param((16, 1, 2, 5), id="split-vloop"),
     pytest.param((16, 1, 2, 6), id="fused-vloop"),
+    # Loop splits at V = 40 (3 tiles, the last partial): 3 programs of one tile; shares of 2 and 1.
+    pytest.param((16, 1, 2, 5, 3), id="split-vloop-split3"),
+    pytest.param((16, 1, 2, 6, 2), id="fused-vloop-split2"),
 ])
 def test_gdn_verify_launch_variants(cfg, device, assert_within_baseline):
     """Every verify kernel variant (configs.gdn_verify_config) keeps the state exact and the
@@ -237,6 +243,52 @@ def test_gdn_verify_state_loop(case, rt, products, device, assert_within_baselin
 
     with overrides([("gdn_verify", (16, 1, 2, products)), ("gdn_history_rt", (rt,))]):
         test_gdn_verify_commit(*case, device, assert_within_baseline, key_corr=0.9)
+
+
+@pytest.mark.parametrize("plan", [pytest.param((16, 1, 1, 6, 8), id="fused-split8-one-tile-each"),
+                                  pytest.param((16, 1, 2, 5, 3), id="after-prep-split3-uneven")])
+def test_gdn_verify_loop_split(plan, device, assert_within_baseline):
+    """The looping verify launches with several programs per row and value head
+    (`gdn_verify_loop_split`, a plan's fifth number) at V = 128: eight programs of one tile each
+    (products 6: each makes the prep's products, the first writes the window's gates and keys),
+    and eight tiles in shares of 3, 3 and 2 (products 5); correlated keys."""
+    from replayssm_kernels.configs import override
+
+    case = next(c.values for c in VERIFY_CASES if c.id == "B2-K128-V128-L8-T4-bf16")
+    with override("gdn_verify", plan):
+        test_gdn_verify_commit(*case, device, assert_within_baseline, key_corr=0.9)
+
+
+def test_gdn_loop_split_config(monkeypatch):
+    """The loop split: a gdn_verify plan's optional fifth number (1 without it; >= 1), a gdn_decode
+    plan's optional eighth (plan 5 only; the plan's key shows it only when not 1); the launch's
+    programs per (row, value head) never exceed the tiles and leave no share empty."""
+    from replayssm_kernels import configs
+    from replayssm_kernels.configs import gdn_decode_config, gdn_verify_config, gdn_verify_loop_split, override
+    from replayssm_kernels.gdn.verify_loop import loop_programs
+
+    monkeypatch.setattr(configs, "_OVERRIDES", {})
+    assert gdn_verify_loop_split() == 1
+    with override("gdn_verify", (16, 1, 2, 6)):
+        assert gdn_verify_loop_split() == 1
+    with override("gdn_verify", (16, 1, 2, 6, 4)):
+        assert gdn_verify_loop_split() == 4 and gdn_verify_config(128, 128, 4) == (16, 1, 2, 6)
+        assert "gdn_verify=16x1x2x6x4" in configs.describe()
+    with override("gdn_verify", (16, 1, 2, 6, 0)), pytest.raises(ValueError, match="REPLAYSSM_CONFIG"):
+        gdn_verify_loop_split()
+    assert configs.parse_plan("gdn_verify", "16x1x2x6x8") == (16, 1, 2, 6, 8)
+    assert configs.parse_plan("gdn_decode", "5x16x1x2x8x0x1x2") == (5, 16, 1, 2, 8, 0, 1, 2)
+    assert gdn_decode_config(128, 128).loop_split == 1
+    with override("gdn_decode", (5, 16, 1, 2, 8, 0, 1, 2)):
+        cfg = gdn_decode_config(128, 128)
+        assert cfg.loop_split == 2 and cfg.key() == "5x16x1x2x8x0x1x2"
+    with override("gdn_decode", (5, 16, 1, 2, 8, 0, 1)):
+        assert gdn_decode_config(128, 128).key() == "5x16x1x2x8x0x1"
+    with override("gdn_decode", (3, 16, 1, 2, 8, 0, 1, 2)), pytest.raises(ValueError, match="plan 5"):
+        gdn_decode_config(128, 128)
+    # (V, BV, split) -> programs: 8 tiles in 1..8 shares, none empty; more than the tiles -> one each.
+    assert [loop_programs(128, 16, n) for n in (1, 2, 3, 4, 5, 6, 7, 8, 9, 64)] == [1, 2, 3, 4, 4, 4, 4, 8, 8, 8]
+    assert loop_programs(40, 16, 2) == 2 and loop_programs(40, 16, 3) == 3 and loop_programs(16, 16, 8) == 1
 
 
 @pytest.mark.parametrize("kc", [0, 8, 32])

@@ -101,6 +101,8 @@ DECODE_PLANS = [
     # Plans 4 and 5 write the token's normalised key into the `k` ring themselves (the fold replays it).
     pytest.param((("gdn_decode", (4, 16, 1, 3, 8, 0, 1)),), id="plan4"),
     pytest.param((("gdn_decode", (5, 16, 1, 3, 8, 0, 1)),), id="plan5"),
+    # Two programs per row and value head (loop split), one 8-row tile each: the first writes the keys.
+    pytest.param((("gdn_decode", (5, 8, 1, 3, 8, 0, 1, 2)),), id="plan5-split2"),
 ]
 
 

@@ -17,7 +17,7 @@ _OVERRIDES: dict[str, tuple[int, int, int]] = {}
 
 
 # name -> accepted numbers of `x`-separated integers
-_OVERRIDE_ARITY = {"gdn_decode": (7,), "gdn_verify": (3, 4), "gdn_verify_wide_from": (1,), "gdn_fold_cols": (1,),
+_OVERRIDE_ARITY = {"gdn_decode": (7, 8), "gdn_verify": (3, 4, 5), "gdn_verify_wide_from": (1,), "gdn_fold_cols": (1,),
                    "gdn_ring_min_batch": (1,),
                    "mamba2_ring_min_batch": (1,), "mamba2_decode": (4,),
                    "mamba2_decode_tile": (3,), "mamba2_verify_tile": (3,), "mamba2_chunk_min_batch": (1,),
@@ -58,7 +58,8 @@ def describe() -> str:
     m2_plan = mamba2_decode_plan()
     return "\n".join([
         "gdn_decode=" + gdn_decode_config(128, 128).key(),
-        "gdn_verify=" + "x".join(map(str, gdn_verify_config(128, 128, 4))) + " (from gdn_verify_wide_from rows; "
+        "gdn_verify=" + "x".join(map(str, gdn_verify_config(128, 128, 4)))
+        + (f"x{gdn_verify_loop_split()}" if gdn_verify_loop_split() != 1 else "") + " (from gdn_verify_wide_from rows; "
         "below: " + "x".join(map(str, gdn_verify_config(128, 128, 4, rows=1))) + ")",
         f"gdn_verify_wide_from={gdn_verify_wide_from()} (GDN verify: the default plan's 32-row tiles from this "
         "many rows, 16-row tiles below)",
@@ -125,13 +126,26 @@ def gdn_verify_config(K: int, V: int, T: int, rows: Optional[int] = None) -> tup
     time, its tile loads pipelined (tensor-core products; `gdn/verify_loop.py`), 6 = as 5 without
     the prep launch (those programs make the prep's products too: one launch)."""
     if "gdn_verify" in _OVERRIDES:
-        bv, w, st, *dot = _OVERRIDES["gdn_verify"]
+        bv, w, st, *dot = _OVERRIDES["gdn_verify"][:4]
         return bv, w, st, int(dot[0]) if dot else 0
     # The two-launch verify (products 4), one warp per program: 16 value rows per program below
     # _GDN_VERIFY_WIDE_FROM rows, 32 from there (`rows` None: a large batch).
     if rows is not None and rows < gdn_verify_wide_from():
         return (16, 1, 2, 4)
     return (32, 1, 2, 4)
+
+
+def gdn_verify_loop_split() -> int:
+    """Programs per (row, value head) of the looping verify launches (products 5 and 6): the fifth
+    number of a `gdn_verify` plan (`16x1x2x6x8`), 1 when absent. Each program walks `1/split` of the
+    value rows' tiles; with 6 every program also makes the prep's products, and the first writes
+    the window's gates and keys. More programs for small batches, where `B * HV` programs would
+    leave most SMs idle."""
+    plan = _OVERRIDES.get("gdn_verify", ())
+    split = int(plan[4]) if len(plan) == 5 else 1
+    if split < 1:
+        raise ValueError(f"gdn_verify: the loop split (fifth number) must be >= 1, got {split}; fix REPLAYSSM_CONFIG")
+    return split
 
 
 @dataclass(frozen=True)
@@ -150,6 +164,8 @@ class GDNDecodeConfig:
         5 = one launch with one program per row and value head (`gdn/verify_loop.py`): it makes
         those products once and walks its value rows `block_v` at a time (tile loads pipelined),
         the exact path likewise for flush rows.
+        `loop_split` programs per row and value head, each with `1/loop_split` of the tiles
+        (the eighth number of a `gdn_decode` plan; 1 when absent).
     flush_cols: V columns replayed at a time by the exact (flush) path (divides 32).
     use_dot: non-flush products on tensor cores (tf32x3) instead of warp reductions.
     evict_first: stream the checkpoint through L2 on non-flush rows.
@@ -162,11 +178,14 @@ class GDNDecodeConfig:
     flush_cols: int = 8
     use_dot: bool = False
     evict_first: bool = False
+    loop_split: int = 1
 
     def key(self) -> str:
-        """The `REPLAYSSM_CONFIG` / benchmark spelling, e.g. `2x16x1x3x32x0x1`."""
-        return "x".join(str(int(x)) for x in (self.split, self.block_v, self.num_warps, self.num_stages,
-                                               self.flush_cols, self.use_dot, self.evict_first))
+        """The `REPLAYSSM_CONFIG` / benchmark spelling, e.g. `2x16x1x3x32x0x1` (an eighth number only
+        for a loop split other than 1)."""
+        nums = (self.split, self.block_v, self.num_warps, self.num_stages, self.flush_cols, self.use_dot,
+                self.evict_first) + ((self.loop_split,) if self.loop_split != 1 else ())
+        return "x".join(str(int(x)) for x in nums)
 
 
 # Default (H200, 2026-12-01, docs/perf.md run 8, staggered rings): plan 3, i.e. the non-flush rows
@@ -183,8 +202,12 @@ _GDN_DECODE_DEFAULT = GDNDecodeConfig(split=3, block_v=16, num_warps=1, num_stag
 
 def gdn_decode_config(K: int, V: int) -> GDNDecodeConfig:
     if "gdn_decode" in _OVERRIDES:
-        split, bv, warps, stages, fcols, dot, evict = _OVERRIDES["gdn_decode"]
-        return GDNDecodeConfig(int(split), bv, warps, stages, fcols, bool(dot), bool(evict))
+        split, bv, warps, stages, fcols, dot, evict, *ls = _OVERRIDES["gdn_decode"]
+        loop_split = int(ls[0]) if ls else 1
+        if loop_split < 1 or (loop_split != 1 and split != 5):
+            raise ValueError(f"gdn_decode: an eighth number (loop split >= 1) is decode plan 5's only, got "
+                             f"{_OVERRIDES['gdn_decode']}; fix REPLAYSSM_CONFIG")
+        return GDNDecodeConfig(int(split), bv, warps, stages, fcols, bool(dot), bool(evict), loop_split)
     return _GDN_DECODE_DEFAULT
 
 

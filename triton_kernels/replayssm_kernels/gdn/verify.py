@@ -25,10 +25,10 @@ import triton
 import triton.language as tl
 
 from ..configs import (GDN_K_FORMS, gdn_history_rt, gdn_k_tree, gdn_pdl, gdn_prep_plan, gdn_replay_unroll,
-                       gdn_state_dot, gdn_state_kc, gdn_verify_config, gdn_verify_maxnreg)
+                       gdn_state_dot, gdn_state_kc, gdn_verify_config, gdn_verify_loop_split, gdn_verify_maxnreg)
 from .common import gdn_gate, gdn_l2norm, gdn_l2norm_vec, gdn_tile_ids
 from .verify_mm import _gdn_verify_mm_kernel
-from .verify_loop import _gdn_verify_fused_kernel, _gdn_verify_state_loop_kernel
+from .verify_loop import _gdn_verify_fused_kernel, _gdn_verify_state_loop_kernel, loop_programs
 from .verify_split import _gdn_verify_prep_kernel, _gdn_verify_state_kernel, scratch_floats
 from .rings import GDNRings, check_gdn_rings
 
@@ -343,8 +343,9 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
     kc = 0 if dot or inline_prep else gdn_state_kc(K, decode=decode)
     # A register cap for the looping programs (configs.gdn_verify_maxnreg), a compile option.
     cap = {"maxnreg": gdn_verify_maxnreg()} if vloop and gdn_verify_maxnreg() else {}
+    VS = loop_programs(V, BV, gdn_verify_loop_split()) if vloop else 1
     if fused:
-        _gdn_verify_fused_kernel[(B * HV,)](
+        _gdn_verify_fused_kernel[(B * HV * VS,)](
             q, k, v, a, b, A_log, dt_bias, out, state, rings.d, rings.rawv, rings.k, rings.g, rings.rawk, rings.beta,
             slot_idx, wpos, origin,
             scale, 1.0, 20.0,
@@ -353,7 +354,7 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
             state.stride(0), rings.d.stride(0), rings.rawv.stride(0), rings.k.stride(0), rings.g.stride(0),
             rings.rawk.stride(0), rings.beta.stride(0),
             H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT, RL=RL, RLB=RLB, NP=max(16, 2 * BT), EVICT=True,
-            RT=gdn_history_rt(decode=False), TREE=tree, RAW_K=rings.has_raw_keys, NSTG=num_stages,
+            RT=gdn_history_rt(decode=False), TREE=tree, RAW_K=rings.has_raw_keys, NSTG=num_stages, VS=VS,
             num_warps=num_warps, num_stages=num_stages, **cap,
         )
         return
@@ -369,7 +370,7 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
             KC=prep_kc, RAW_K=rings.has_raw_keys, PDL=pdl, num_warps=prep_warps,
         )
     if vloop:
-        _gdn_verify_state_loop_kernel[(B * HV,)](
+        _gdn_verify_state_loop_kernel[(B * HV * VS,)](
             q, k, v, out, state, rings.d, rings.rawv,
             slot_idx, wpos, origin, scratch,
             scale,
@@ -377,7 +378,7 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
             *sq, *sk, *sv,
             state.stride(0), rings.d.stride(0), rings.rawv.stride(0),
             H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT, RL=RL, RLB=RLB, NS=NS, NP=max(16, 2 * BT), EVICT=True,
-            RT=gdn_history_rt(decode=False), PDL=pdl, NSTG=num_stages,
+            RT=gdn_history_rt(decode=False), PDL=pdl, NSTG=num_stages, VS=VS,
             num_warps=num_warps, num_stages=num_stages, **cap, **({"launch_pdl": True} if pdl else {}),
         )
         return

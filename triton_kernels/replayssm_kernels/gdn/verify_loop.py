@@ -44,6 +44,41 @@ from .verify_split import (history_dot, history_gate_weights, history_mma, histo
                            window_gates_to_ring, window_outputs, window_probe)
 
 
+def loop_programs(V: int, BV: int, split: int) -> int:
+    """The programs per (row, value head) of a looping launch asked for `split`: at most one per
+    `BV`-row tile, and no empty share (`_split_tiles`: 8 tiles in 5 shares would leave the fifth
+    empty, so 4)."""
+    tiles = triton.cdiv(V, BV)
+    per = triton.cdiv(tiles, max(1, min(split, tiles)))
+    return triton.cdiv(tiles, per)
+
+
+@triton.jit
+def _split_tiles(i_s, V: tl.constexpr, BV: tl.constexpr, VS: tl.constexpr):
+    """The `[lo, hi)` range of `BV`-row tiles that program `i_s` of a (row, value head)'s `VS`
+    walks: consecutive shares of `ceil(tiles / VS)` tiles (the launcher makes every share non-empty,
+    `loop_programs`)."""
+    NT: tl.constexpr = (V + BV - 1) // BV
+    NTS: tl.constexpr = (NT + VS - 1) // VS
+    if VS == 1:
+        return 0, NT
+    else:
+        return i_s * NTS, tl.minimum(i_s * NTS + NTS, NT)
+
+
+@triton.jit
+def _split_pid(HV: tl.constexpr, VS: tl.constexpr):
+    """`(r, i_hv, i_s)` of this program: row position `r` (the batch row, or its place in a row
+    order), value head, and share of the value rows; grid `(B * HV * VS,)`, the `VS` programs of a
+    (row, value head) adjacent."""
+    pid = tl.program_id(0)
+    if VS == 1:
+        return pid // HV, pid % HV, 0
+    else:
+        rh = pid // VS
+        return rh // HV, rh % HV, pid % VS
+
+
 @triton.jit
 def _tile_and_history(p_h, p_d, o_v, mask_v, o_k, mask_k, phys_j, m_j, K: tl.constexpr, V: tl.constexpr,
                       EVICT: tl.constexpr, RT: tl.constexpr):
@@ -65,10 +100,11 @@ def _state_tiles(v, o, state, ring_d, ring_rawv, slot, i_n, i_hv, wp, org, T, st
                  stride_state_slot, stride_d_slot, stride_rawv_slot, b_p, b_w, b_dec, b_eg, b_beta, b_M, b_C,
                  HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                  BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr, NP: tl.constexpr, EVICT: tl.constexpr,
-                 RT: tl.constexpr, NSTG: tl.constexpr):
+                 RT: tl.constexpr, NSTG: tl.constexpr, i_s, VS: tl.constexpr):
     """The value rows of one (row, value head), `BV` at a time: `hk`, `hq` from the checkpoint
     tile and the committed `d` entries (`history_mma`), then the window's `u` and outputs, the
-    raw `v` and `u` into the rings."""
+    raw `v` and `u` into the rings. With `VS` programs per (row, value head), program `i_s` walks
+    its share of the tiles (`_split_tiles`)."""
     o_k = tl.arange(0, BK)
     o_b = tl.arange(0, BV)
     o_t = tl.arange(0, BT)
@@ -83,7 +119,8 @@ def _state_tiles(v, o, state, ring_d, ring_rawv, slot, i_n, i_hv, wp, org, T, st
     p_rv = ring_rawv + slot * stride_rawv_slot + i_hv * RL * V
     p_v = v + i_n * stride_v_row + i_hv * V
     p_o = o + (i_n * T * HV + i_hv) * V
-    for i_v in tl.range(0, (V + BV - 1) // BV, num_stages=NSTG):
+    v_lo, v_hi = _split_tiles(i_s, V, BV, VS)
+    for i_v in tl.range(v_lo, v_hi, num_stages=NSTG):
         o_v = i_v * BV + o_b
         mask_v = o_v < V
         b_h, b_ur = _tile_and_history(p_h, p_d, o_v, mask_v, o_k, mask_k, phys_j, m_j, K, V, EVICT, RT)
@@ -108,13 +145,14 @@ def _gdn_verify_state_loop_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
     NS: tl.constexpr, NP: tl.constexpr, EVICT: tl.constexpr, RT: tl.constexpr = False, PDL: tl.constexpr = False,
-    NSTG: tl.constexpr = 2,
+    NSTG: tl.constexpr = 2, VS: tl.constexpr = 1,
 ):
     """Products 5: the state launch after the prep launch (its scratch). With `PDL` the program
     builds its probe matrix before the wait, and reads the scratch and the tiles after it.
     Offline sm_90 build (`scripts/kernel_regs.py --state-launch`): the loop body is ~800 SASS
-    instructions per 16 value rows, against 1360-1608 per 16 rows for the per-tile programs."""
-    i_n, i_hv = tl.program_id(0) // HV, tl.program_id(0) % HV
+    instructions per 16 value rows, against 1360-1608 per 16 rows for the per-tile programs.
+    `VS` programs per (row, value head), each with its share of the tiles."""
+    i_n, i_hv, i_s = _split_pid(HV, VS)
     slot = tl.load(slot_idx + i_n).to(tl.int64)
     if slot < 0:
         return
@@ -127,7 +165,7 @@ def _gdn_verify_state_loop_kernel(
     _state_tiles(v, o, state, ring_d, ring_rawv, slot, i_n, i_hv, tl.load(wpos + slot), tl.load(origin + slot), T,
                  stride_v_tok, stride_v_row, stride_state_slot, stride_d_slot, stride_rawv_slot, b_p,
                  history_weights(p_sc, BT, RLB, NP), scratch_dec(p_sc, BT, RLB), b_eg, b_beta, b_M, b_C,
-                 HV, K, V, BK, BV, BT, RL, RLB, NP, EVICT, RT, NSTG)
+                 HV, K, V, BK, BV, BT, RL, RLB, NP, EVICT, RT, NSTG, i_s, VS)
 
 
 @triton.jit
@@ -154,10 +192,12 @@ def _gdn_verify_fused_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
     NP: tl.constexpr, EVICT: tl.constexpr, RT: tl.constexpr = False, TREE: tl.constexpr = False,
-    RAW_K: tl.constexpr = True, NSTG: tl.constexpr = 2,
+    RAW_K: tl.constexpr = True, NSTG: tl.constexpr = 2, VS: tl.constexpr = 1,
 ):
-    """Products 6: the whole verify in one launch (module docstring)."""
-    i_n, i_hv = tl.program_id(0) // HV, tl.program_id(0) % HV
+    """Products 6: the whole verify in one launch (module docstring). With `VS` programs per
+    (row, value head) each makes the products and walks its share of the tiles; the first writes
+    the window's gates and keys."""
+    i_n, i_hv, i_s = _split_pid(HV, VS)
     i_h = i_hv // (HV // H)
     slot = tl.load(slot_idx + i_n).to(tl.int64)
     if slot < 0:
@@ -173,7 +213,7 @@ def _gdn_verify_fused_kernel(
     phys_t = (org + wp + o_t) % RL
 
     # The window's keys into the key head's rings (the prep's expressions), by its first value head.
-    if i_hv % (HV // H) == 0:
+    if (i_hv % (HV // H) == 0) & (i_s == 0):
         m_tk = (o_t < T)[:, None] & mask_k[None, :]
         b_kraw = tl.load(k + i_n * stride_k_row + o_t[:, None] * stride_k_tok + i_h * K + o_k[None, :], mask=m_tk,
                          other=0)
@@ -184,7 +224,8 @@ def _gdn_verify_fused_kernel(
             tl.store(ring_rawk + slot * stride_rawk_slot + p_rk, b_kraw, mask=m_tk)
     b_gw, b_betaw = window_gates_to_ring(a, b, A_log, dt_bias, ring_g, ring_beta, slot, i_n, i_hv,
                                          stride_a_row, stride_a_tok, stride_b_row, stride_b_tok, stride_g_slot,
-                                         stride_beta_slot, phys_t, softplus_beta, softplus_threshold, T, BT, RL)
+                                         stride_beta_slot, phys_t, softplus_beta, softplus_threshold, T, BT, RL,
+                                         i_s == 0)
 
     # The prep's products, on tensor cores: ring-key products with the probes, the window's Gram matrix.
     b_p = probe_matrix(q, k, i_n, i_h, T, stride_q_row, stride_q_tok, stride_k_row, stride_k_tok, scale,
@@ -198,7 +239,8 @@ def _gdn_verify_fused_kernel(
                                     T, BT)
     _state_tiles(v, o, state, ring_d, ring_rawv, slot, i_n, i_hv, wp, org, T, stride_v_tok, stride_v_row,
                  stride_state_slot, stride_d_slot, stride_rawv_slot, b_p, b_w, tl.exp(b_gtot), tl.exp(b_gc),
-                 tl.where(o_t < T, b_betaw, 0.0), b_M, b_C, HV, K, V, BK, BV, BT, RL, RLB, NP, EVICT, RT, NSTG)
+                 tl.where(o_t < T, b_betaw, 0.0), b_M, b_C, HV, K, V, BK, BV, BT, RL, RLB, NP, EVICT, RT, NSTG,
+                 i_s, VS)
 
 
 @triton.jit
@@ -212,10 +254,11 @@ def _gdn_decode_loop_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     BVF: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr, EVICT: tl.constexpr, UNROLL: tl.constexpr = 1,
     TREE: tl.constexpr = False, RT: tl.constexpr = False, ORDER: tl.constexpr = False, RAW_K: tl.constexpr = True,
-    NSTG: tl.constexpr = 2,
+    NSTG: tl.constexpr = 2, VS: tl.constexpr = 1,
 ):
-    """Decode plan 5 (module docstring)."""
-    i_n, i_hv = tl.program_id(0) // HV, tl.program_id(0) % HV
+    """Decode plan 5 (module docstring). With `VS` programs per (row, value head) each walks its
+    share of the tiles (flush rows too); the first writes the token's gates and keys."""
+    i_n, i_hv, i_s = _split_pid(HV, VS)
     i_h = i_hv // (HV // H)
     if ORDER:
         i_n = tl.load(row_order + i_n)  # scheduling only (cursors.decode_row_order)
@@ -230,9 +273,10 @@ def _gdn_decode_loop_kernel(
     p_rv = ring_rawv + slot * stride_rawv_slot + i_hv * RL * V
     p_v = v + i_n * stride_v_row + i_hv * V
     p_o = o + (i_n * HV + i_hv) * V
+    v_lo, v_hi = _split_tiles(i_s, V, BV, VS)
     if tl.load(row_flush + i_n) != 0:
         # The exact path (decode plan 3's flush rows), BV value rows at a time.
-        for i_v in range(0, (V + BV - 1) // BV):
+        for i_v in range(v_lo, v_hi):
             gdn_decode_flush(p_h, p_v, p_o, q + i_n * stride_q_row + i_h * K, k + i_n * stride_k_row + i_h * K,
                              ring_fk + slot * stride_fk_slot + i_h * RL * K, p_rv,
                              ring_g + slot * stride_g_slot + i_hv * RL, ring_beta + slot * stride_beta_slot + i_hv * RL,
@@ -256,12 +300,12 @@ def _gdn_decode_loop_kernel(
     b_kraw = tl.load(k + i_n * stride_k_row + i_h * K + o_k, mask=mask_k, other=0)
     phys = (org + wp) % RL
     gdn_ring_append_gate_keys(ring_g, ring_beta, ring_kn, ring_kraw, stride_g_slot, stride_beta_slot, stride_kn_slot,
-                              stride_kraw_slot, slot, phys, 0, i_hv, i_h, b_g, b_beta,
+                              stride_kraw_slot, slot, phys, i_s, i_hv, i_h, b_g, b_beta,
                               gdn_l2norm_vec(b_kraw.to(tl.float32), TREE), b_kraw, o_k, mask_k, H, HV, K, RL, RAW_K)
     p_d = ring_d + slot * stride_d_slot + i_hv * RL * V
     phys_j = (org + o_j) % RL
     o_b = tl.arange(0, BV)
-    for i_v in tl.range(0, (V + BV - 1) // BV, num_stages=NSTG):
+    for i_v in tl.range(v_lo, v_hi, num_stages=NSTG):
         o_v = i_v * BV + o_b
         mask_v = o_v < V
         b_h, b_ur = _tile_and_history(p_h, p_d, o_v, mask_v, o_k, mask_k, phys_j, m_j, K, V, EVICT, RT)

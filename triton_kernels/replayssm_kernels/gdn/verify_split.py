@@ -184,10 +184,10 @@ def window_gates(a, b, A_log, dt_bias, i_n, i_hv, stride_a_row, stride_a_tok, st
 @triton.jit
 def window_gates_to_ring(a, b, A_log, dt_bias, ring_g, ring_beta, slot, i_n, i_hv, stride_a_row, stride_a_tok,
                          stride_b_row, stride_b_tok, stride_g_slot, stride_beta_slot, phys_t, softplus_beta,
-                         softplus_threshold, T, BT: tl.constexpr, RL: tl.constexpr):
+                         softplus_threshold, T, BT: tl.constexpr, RL: tl.constexpr, write=True):
     """`window_gates`, written into the value head's `g` and `beta` rings at `phys_t` (the exact
-    fold replays these bits)."""
-    m_t = tl.arange(0, BT) < T
+    fold replays these bits) where `write` holds."""
+    m_t = (tl.arange(0, BT) < T) & write
     b_gw, b_betaw = window_gates(a, b, A_log, dt_bias, i_n, i_hv, stride_a_row, stride_a_tok, stride_b_row,
                                  stride_b_tok, softplus_beta, softplus_threshold, T, BT)
     tl.store(ring_g + slot * stride_g_slot + i_hv * RL + phys_t, b_gw, mask=m_t)
