@@ -263,10 +263,12 @@ step_gdn_plan4() {
   # benchmark (its DECODE_CONFIGS time plan 4 beside plan 3, after its GPU check of every plan).
   # Session 28 adds decode plan 5 (gdn/verify_loop.py: one launch, one program per row and value
   # head, the ring products once per program; 2 of its tilings) to the cycles and the benchmark.
+  # Session 29: plan 5 with loop splits 2 and 4 in the cycles (a flush row's exact path over all 128
+  # value rows in one program is 8 plan-3 flush programs end to end: a possible tail of the launch).
   local d="$OUT/gdn_plan4"
   run env OUT="$d" GDNTESTS_TIMEOUT=200 GDNTESTS_K="decode" bash scripts/device_kernels.sh gdntests
   profile_per_config "$d" \
-    "--decode-configs 3x16x1x3x8x0x1,4x16x1x3x8x0x1,4x32x1x3x8x0x1,5x16x1x2x8x0x1,5x8x1x2x8x0x1 --decode-launches --no-verify --fold-lens 15 --cycle-spreads off,75 --reps 15" \
+    "--decode-configs 3x16x1x3x8x0x1,4x16x1x3x8x0x1,4x32x1x3x8x0x1,5x16x1x2x8x0x1,5x8x1x2x8x0x1,5x16x1x2x8x0x1x2,5x16x1x2x8x0x1x4 --decode-launches --no-verify --fold-lens 15 --cycle-spreads off,75 --reps 15" \
     gdn_flush_spread=75
   run env OUT="$d" BENCH_TIMEOUT=$(( $(left) - 15 )) BENCH_ARGS="--family gdn --batches 256,128,64" \
     bash scripts/device_kernels.sh bench

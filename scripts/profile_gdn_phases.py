@@ -194,7 +194,7 @@ def main(argv=None):
                     gdn_replay_verify(qs, ks, vs, as_, bs_, A_log, dt_bias, state, rings, slots, wpos, origin,
                                       out=ov)
                 t(f"ours_verify_T4_wp{fill}_{name}", verify)
-                if len(cfg) == 4 and cfg[3] in (4, 5):  # the two-launch verify: each launch alone
+                if len(cfg) >= 4 and cfg[3] in (4, 5):  # the two-launch verify: each launch alone
                     for which in ("prep", "state"):
                         with only_verify_launch(ver_mod, which):
                             t(f"ours_verify_T4_wp{fill}_{name}_{which}", verify)
