@@ -28,7 +28,9 @@ asynchronous copies into shared memory, the next tiles in flight while one is us
   with plan 4's expressions; a flush row's program runs the exact path over its value rows `BV`
   at a time. With `ORDER` the rows go in `row_order`'s order (the flush rows early).
 
-Grid: `(B * HV,)`.
+Grid: `(B * HV * VS,)`: with a loop split (`VS` > 1, `configs.gdn_verify_loop_split`, decode plan 5's
+`loop_split`) each (row, value head) has `VS` programs, each walking a consecutive share of the
+tiles; the prologue (products, gates) is made by each, the ring writes of gates and keys by the first.
 """
 
 from __future__ import annotations
