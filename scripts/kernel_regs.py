@@ -349,10 +349,15 @@ def state_launch_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
         regs, st, ld = ptxas_report(kern, None, c, warps, stages, compiled=compiled)
         ins, labels = _sass(compiled.asm["cubin"])
         ops = _opcodes(ins)
-        # A looping program's loop body per tile; with a loop split its whole program over its tiles.
+        # Instructions per tile: a per-tile program's all; a looping program's loop body; with a loop
+        # split, its whole program over the tiles of its share.
         vs = c.get("VS", 1)
-        per_tile = (len(ins) / max(1, triton.cdiv(triton.cdiv(V, bv), vs)) if vs > 1 else _loop_body(ins, labels)) \
-            if "NSTG" in c else len(ins)
+        if "NSTG" not in c:
+            per_tile = len(ins)
+        elif vs > 1:
+            per_tile = len(ins) / triton.cdiv(triton.cdiv(V, bv), vs)
+        else:
+            per_tile = _loop_body(ins, labels)
         rows.append(dict(plan=what, block_v=bv, warps=warps, sass=len(ins),
                          sass_per_16_rows=round(per_tile * warps * 16 / bv), shfl=ops.get("SHFL", 0),
                          mma=ops.get("HMMA", 0) + ops.get("HGMMA", 0), async_copies=ops.get("LDGSTS", 0),

@@ -239,7 +239,8 @@ def _decode_cycles(res, args, name, B, L, dev, step, decode_row_order):
 def _collect_regs(regs, dec_mod, ver_mod):
     for kern in (dec_mod._gdn_decode_kernel, ver_mod._gdn_verify_kernel, ver_mod._gdn_verify_mm_kernel,
                  ver_mod._gdn_verify_prep_kernel, ver_mod._gdn_verify_state_kernel,
-                 ver_mod._gdn_verify_state_loop_kernel):
+                 ver_mod._gdn_verify_state_loop_kernel, ver_mod._gdn_verify_fused_kernel,
+                 dec_mod._gdn_decode_loop_kernel):
         for dev_cache in kern.device_caches.values():
             for i, ck in enumerate(dev_cache[0].values()):
                 ck._init_handles()

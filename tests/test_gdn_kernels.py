@@ -276,6 +276,8 @@ def test_gdn_loop_split_config(monkeypatch):
         assert "gdn_verify=16x1x2x6x4" in configs.describe()
     with override("gdn_verify", (16, 1, 2, 6, 0)), pytest.raises(ValueError, match="REPLAYSSM_CONFIG"):
         gdn_verify_loop_split()
+    with override("gdn_verify", (16, 1, 2, 4, 2)), pytest.raises(ValueError, match="products 5"):
+        gdn_verify_loop_split()  # a split on the per-tile plan would be ignored: refused instead
     assert configs.parse_plan("gdn_verify", "16x1x2x6x8") == (16, 1, 2, 6, 8)
     assert configs.parse_plan("gdn_decode", "5x16x1x2x8x0x1x2") == (5, 16, 1, 2, 8, 0, 1, 2)
     assert gdn_decode_config(128, 128).loop_split == 1

@@ -143,8 +143,9 @@ def gdn_verify_loop_split() -> int:
     leave most SMs idle."""
     plan = _OVERRIDES.get("gdn_verify", ())
     split = int(plan[4]) if len(plan) == 5 else 1
-    if split < 1:
-        raise ValueError(f"gdn_verify: the loop split (fifth number) must be >= 1, got {split}; fix REPLAYSSM_CONFIG")
+    if split < 1 or (split != 1 and plan[3] not in (5, 6)):
+        raise ValueError(f"gdn_verify: a fifth number (loop split >= 1) is the looping plans' only (products 5 "
+                         f"and 6), got {plan}; fix REPLAYSSM_CONFIG")
     return split
 
 
