@@ -188,6 +188,7 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
         gdn_decode_config,
         gdn_flush_spread,
         gdn_verify_config,
+        gdn_verify_loop_split,
         override,
         ring_min_batch,
     )
@@ -301,7 +302,8 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
             # Below the threshold the GDN backend runs SGLang's packed decode (after a fold).
             row["decode_dispatch"] = "stock" if B < ring_min_batch("gdn") else "ring"
             row["decode_default_cfg"] = gdn_decode_config(K, V).key()
-            row["spec_default_cfg"] = "x".join(map(str, gdn_verify_config(K, V, T, rows=B)))
+            split = gdn_verify_loop_split(rows=B)
+            row["spec_default_cfg"] = "x".join(map(str, gdn_verify_config(K, V, T, rows=B) + ((split,) if split != 1 else ())))
             snaps = snaps_sync
 
             def prep():

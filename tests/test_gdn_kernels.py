@@ -862,6 +862,12 @@ def test_gdn_verify_config_by_batch(monkeypatch, device):
     with override("gdn_verify", (64, 4, 2, 4)):
         assert gdn_verify_config(128, 128, 4, rows=1) == gdn_verify_config(128, 128, 4, rows=300) == (64, 4, 2, 4)
     assert "gdn_verify=32x1x2x4" in configs.describe() and "below: 16x1x2x4" in configs.describe()
+    # A default plan with a loop split applies it to its own batches only.
+    monkeypatch.setattr(configs, "_GDN_VERIFY_SMALL", (16, 1, 1, 6, 8))
+    assert [gdn_verify_config(128, 128, 4, rows=n) for n in (1, 4)] == [(16, 1, 1, 6), (32, 1, 2, 4)]
+    assert [configs.gdn_verify_loop_split(rows=n) for n in (1, 3, 4, None)] == [8, 8, 1, 1]
+    assert "below: 16x1x1x6x8" in configs.describe()
+    monkeypatch.setattr(configs, "_GDN_VERIFY_SMALL", (16, 1, 2, 4))
 
     seen = []
 
@@ -877,6 +883,21 @@ def test_gdn_verify_config_by_batch(monkeypatch, device):
     h.set_state(torch.zeros(5, 2, 16, 16, device=device))
     h.verify(*_inputs(5, 2, 1, 2, 16, 16, bf16, device, gen))
     assert seen == [5]
+
+    # ... and the loop split of its own batch: a split small plan reaches a 2-row launch.
+    splits = []
+
+    def split_spy(rows=None):
+        splits.append((rows, configs.gdn_verify_loop_split(rows=rows)))
+        return splits[-1][1]
+
+    monkeypatch.setattr(configs, "_GDN_VERIFY_SMALL", (16, 1, 1, 6, 2))
+    monkeypatch.setattr(verify_mod, "gdn_verify_loop_split", split_spy)
+    h = GDNHarness(batch=2, num_k_heads=1, num_v_heads=2, head_k_dim=16, head_v_dim=32, A_log=A_log,
+                   dt_bias=dt_bias, ring_len=4, max_draft_tokens=2, device=device)
+    h.set_state(torch.zeros(2, 2, 32, 16, device=device))
+    h.verify(*_inputs(2, 2, 1, 2, 16, 32, bf16, device, gen))
+    assert seen[-1] == 2 and splits == [(2, 2)]
 
 
 def test_gdn_verify_maxnreg_config_and_launch(monkeypatch, device, assert_within_baseline):

@@ -58,9 +58,8 @@ def describe() -> str:
     m2_plan = mamba2_decode_plan()
     return "\n".join([
         "gdn_decode=" + gdn_decode_config(128, 128).key(),
-        "gdn_verify=" + "x".join(map(str, gdn_verify_config(128, 128, 4)))
-        + (f"x{gdn_verify_loop_split()}" if gdn_verify_loop_split() != 1 else "") + " (from gdn_verify_wide_from rows; "
-        "below: " + "x".join(map(str, gdn_verify_config(128, 128, 4, rows=1))) + ")",
+        "gdn_verify=" + "x".join(map(str, _gdn_verify_plan(None))) + " (from gdn_verify_wide_from rows; "
+        "below: " + "x".join(map(str, _gdn_verify_plan(1))) + ")",
         f"gdn_verify_wide_from={gdn_verify_wide_from()} (GDN verify: the default plan's 32-row tiles from this "
         "many rows, 16-row tiles below)",
         f"gdn_verify_maxnreg={gdn_verify_maxnreg()} (GDN verify plans 5 and 6: register cap of the looping "
@@ -110,6 +109,10 @@ def describe() -> str:
 # vs 496.4 us; 128: 235.6 vs 265.5; 8: 34.0 vs 38.4), at 4 rows equal (HV 32) or 11 % faster (HV 64),
 # at 1-2 rows 0.4-5 % slower (batch 1: 19.3 vs 18.4 us).
 _GDN_VERIFY_WIDE_FROM = 4
+# The two default plans (BV, warps, stages, products[, loop split]): a plan with a fifth number
+# (a looping plan, products 5 or 6) makes that split the default for its batches too.
+_GDN_VERIFY_SMALL = (16, 1, 2, 4)
+_GDN_VERIFY_WIDE = (32, 1, 2, 4)
 
 
 def gdn_verify_wide_from() -> int:
@@ -125,23 +128,28 @@ def gdn_verify_config(K: int, V: int, T: int, rows: Optional[int] = None) -> tup
     the state launch as one program per row and value head that walks its value rows `BV` at a
     time, its tile loads pipelined (tensor-core products; `gdn/verify_loop.py`), 6 = as 5 without
     the prep launch (those programs make the prep's products too: one launch)."""
+    bv, w, st, *dot = _gdn_verify_plan(rows)[:4]
+    return bv, w, st, int(dot[0]) if dot else 0
+
+
+def _gdn_verify_plan(rows: Optional[int]) -> tuple:
+    """The whole verify plan for a launch of `rows` rows: the `gdn_verify` override at every batch,
+    else _GDN_VERIFY_SMALL below gdn_verify_wide_from() rows and _GDN_VERIFY_WIDE from there (`rows`
+    None: a large batch)."""
     if "gdn_verify" in _OVERRIDES:
-        bv, w, st, *dot = _OVERRIDES["gdn_verify"][:4]
-        return bv, w, st, int(dot[0]) if dot else 0
-    # The two-launch verify (products 4), one warp per program: 16 value rows per program below
-    # _GDN_VERIFY_WIDE_FROM rows, 32 from there (`rows` None: a large batch).
+        return tuple(_OVERRIDES["gdn_verify"])
     if rows is not None and rows < gdn_verify_wide_from():
-        return (16, 1, 2, 4)
-    return (32, 1, 2, 4)
+        return _GDN_VERIFY_SMALL
+    return _GDN_VERIFY_WIDE
 
 
-def gdn_verify_loop_split() -> int:
-    """Programs per (row, value head) of the looping verify launches (products 5 and 6): the fifth
-    number of a `gdn_verify` plan (`16x1x2x6x8`), 1 when absent. Each program walks `1/split` of the
-    value rows' tiles; with 6 every program also makes the prep's products, and the first writes
-    the window's gates and keys. More programs for small batches, where `B * HV` programs would
-    leave most SMs idle."""
-    plan = _OVERRIDES.get("gdn_verify", ())
+def gdn_verify_loop_split(rows: Optional[int] = None) -> int:
+    """Programs per (row, value head) of the looping verify launches (products 5 and 6) for a launch
+    of `rows` rows: the fifth number of its plan (`16x1x2x6x8`), 1 when absent. Each program walks
+    `1/split` of the value rows' tiles; with 6 every program also makes the prep's products, and the
+    first writes the window's gates and keys. More programs for small batches, where `B * HV`
+    programs would leave most SMs idle."""
+    plan = _gdn_verify_plan(rows)
     split = int(plan[4]) if len(plan) == 5 else 1
     if split < 1 or (split != 1 and plan[3] not in (5, 6)):
         raise ValueError(f"gdn_verify: a fifth number (loop split >= 1) is the looping plans' only (products 5 "

@@ -343,7 +343,7 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
     kc = 0 if dot or inline_prep else gdn_state_kc(K, decode=decode)
     # A register cap for the looping programs (configs.gdn_verify_maxnreg), a compile option.
     cap = {"maxnreg": gdn_verify_maxnreg()} if vloop and gdn_verify_maxnreg() else {}
-    VS = loop_programs(V, BV, gdn_verify_loop_split()) if vloop else 1
+    VS = loop_programs(V, BV, gdn_verify_loop_split(rows=B)) if vloop else 1
     if fused:
         _gdn_verify_fused_kernel[(B * HV * VS,)](
             q, k, v, a, b, A_log, dt_bias, out, state, rings.d, rings.rawv, rings.k, rings.g, rings.rawk, rings.beta,
