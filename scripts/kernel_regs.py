@@ -366,13 +366,12 @@ def state_launch_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
 
 
 def pdl_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
-    """The GDN two-launch pair (gdn/verify_split.py) in its served forms (the verify at T and the
-    decode's plan 3 at T = 1, default tiles) built with and without PDL (configs.gdn_pdl): per
+    """The GDN two-launch pair (gdn/verify_split.py): the verify at T (plan 32x1x2x4; the default
+    verify plans are one launch since session 30) and the decode's plan 3 at T = 1 (default tiles) built with and without PDL (configs.gdn_pdl): per
     kernel, its `griddepcontrol` instructions in the PTX, and for the state launch the checkpoint
     tile's loads (the `evict_first` ones) before and after its `griddepcontrol.wait`: the launch
     overlaps the prep launch only with what it loads before the wait."""
-    from replayssm_kernels.configs import (gdn_decode_config, gdn_history_rt, gdn_state_dot, gdn_state_kc,
-                                           gdn_verify_config)
+    from replayssm_kernels.configs import gdn_decode_config, gdn_history_rt, gdn_state_dot, gdn_state_kc
     from replayssm_kernels.gdn import verify_split
 
     ptrs = gdn_pointers()
@@ -387,7 +386,7 @@ def pdl_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
             cfg = gdn_decode_config(K, V)
             bv, warps, stages = cfg.block_v, cfg.num_warps, cfg.num_stages
         else:
-            bv, warps, stages, _ = gdn_verify_config(K, V, T)
+            bv, warps, stages = 32, 1, 2  # the two-launch verify plan (32x1x2x4): PDL pairs its launches
         for pdl in (False, True):
             c = dict(H=H, HV=HV, K=K, BK=BK, BT=bt, RL=L, RLB=rlb, NS=ns, ROWS=decode, PDL=pdl)
             kern = verify_split._gdn_verify_prep_kernel

@@ -846,28 +846,32 @@ def test_gdn_state_kc_config(monkeypatch):
 
 
 def test_gdn_verify_config_by_batch(monkeypatch, device):
-    """The verify's default plan: 32-row programs from gdn_verify_wide_from (4) rows, 16-row ones
-    below (H200 benchmarks since session 20, configs.py); an explicit gdn_verify plan applies at
-    every batch; and gdn_replay_verify asks for the plan of its own batch."""
+    """The verify's default plans (H200 benchmark of session 30, configs.py): 16x1x1x6x8 below
+    gdn_verify_wide_from (4) rows, 32x2x2x6 from there, 16x1x2x6 from gdn_verify_large_from (64);
+    an explicit gdn_verify plan applies at every batch; and gdn_replay_verify asks for the plan of
+    its own batch, loop split included."""
     from replayssm_kernels import configs
     from replayssm_kernels.configs import gdn_verify_config, override
     from replayssm_kernels.gdn import verify as verify_mod
 
     monkeypatch.setattr(configs, "_OVERRIDES", {})
-    assert gdn_verify_config(128, 128, 4) == (32, 1, 2, 4)
-    assert [gdn_verify_config(128, 128, 4, rows=n) for n in (1, 3, 4, 256)] == \
-        [(16, 1, 2, 4), (16, 1, 2, 4), (32, 1, 2, 4), (32, 1, 2, 4)]
+    assert gdn_verify_config(128, 128, 4) == (16, 1, 2, 6)
+    assert [gdn_verify_config(128, 128, 4, rows=n) for n in (1, 3, 4, 63, 64, 256)] == \
+        [(16, 1, 1, 6), (16, 1, 1, 6), (32, 2, 2, 6), (32, 2, 2, 6), (16, 1, 2, 6), (16, 1, 2, 6)]
+    assert [configs.gdn_verify_loop_split(rows=n) for n in (1, 3, 4, 64, None)] == [8, 8, 1, 1, 1]
     with override("gdn_verify_wide_from", (1,)):
-        assert gdn_verify_config(128, 128, 4, rows=1) == (32, 1, 2, 4)
+        assert gdn_verify_config(128, 128, 4, rows=1) == (32, 2, 2, 6)
+    with override("gdn_verify_large_from", (8,)):
+        assert gdn_verify_config(128, 128, 4, rows=8) == (16, 1, 2, 6)
+        assert gdn_verify_config(128, 128, 4, rows=7) == (32, 2, 2, 6)
     with override("gdn_verify", (64, 4, 2, 4)):
         assert gdn_verify_config(128, 128, 4, rows=1) == gdn_verify_config(128, 128, 4, rows=300) == (64, 4, 2, 4)
-    assert "gdn_verify=32x1x2x4" in configs.describe() and "below: 16x1x2x4" in configs.describe()
-    # A default plan with a loop split applies it to its own batches only.
-    monkeypatch.setattr(configs, "_GDN_VERIFY_SMALL", (16, 1, 1, 6, 8))
-    assert [gdn_verify_config(128, 128, 4, rows=n) for n in (1, 4)] == [(16, 1, 1, 6), (32, 1, 2, 4)]
-    assert [configs.gdn_verify_loop_split(rows=n) for n in (1, 3, 4, None)] == [8, 8, 1, 1]
-    assert "below: 16x1x1x6x8" in configs.describe()
+        assert configs.gdn_verify_loop_split(rows=1) == 1
+    assert "gdn_verify=16x1x2x6 (from gdn_verify_large_from rows; from gdn_verify_wide_from: 32x2x2x6; " \
+        "below: 16x1x1x6x8)" in configs.describe()
+    # A default plan without a loop split has none at its batches.
     monkeypatch.setattr(configs, "_GDN_VERIFY_SMALL", (16, 1, 2, 4))
+    assert configs.gdn_verify_loop_split(rows=1) == 1 and "below: 16x1x2x4)" in configs.describe()
 
     seen = []
 
@@ -998,6 +1002,8 @@ def test_gdn_pdl_config_and_launch(monkeypatch, device):
         monkeypatch.setattr(ver_mod, name, spy(name))
     B, T, H, HV, K, V, L = 3, 3, 2, 4, 32, 32, 8
     got = {}
+    # PDL pairs the prep launch with the state launch: the two-launch plan (the defaults are one launch).
+    monkeypatch.setitem(configs._OVERRIDES, "gdn_verify", (16, 1, 2, 4))
     for pdl in (True, False):
         monkeypatch.setattr(ver_mod, "gdn_pdl", lambda pdl=pdl: pdl)
         seen.clear()

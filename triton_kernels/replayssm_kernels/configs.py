@@ -17,7 +17,7 @@ _OVERRIDES: dict[str, tuple[int, int, int]] = {}
 
 
 # name -> accepted numbers of `x`-separated integers
-_OVERRIDE_ARITY = {"gdn_decode": (7, 8), "gdn_verify": (3, 4, 5), "gdn_verify_wide_from": (1,), "gdn_fold_cols": (1,),
+_OVERRIDE_ARITY = {"gdn_decode": (7, 8), "gdn_verify": (3, 4, 5), "gdn_verify_wide_from": (1,), "gdn_verify_large_from": (1,), "gdn_fold_cols": (1,),
                    "gdn_ring_min_batch": (1,),
                    "mamba2_ring_min_batch": (1,), "mamba2_decode": (4,),
                    "mamba2_decode_tile": (3,), "mamba2_verify_tile": (3,), "mamba2_chunk_min_batch": (1,),
@@ -58,10 +58,11 @@ def describe() -> str:
     m2_plan = mamba2_decode_plan()
     return "\n".join([
         "gdn_decode=" + gdn_decode_config(128, 128).key(),
-        "gdn_verify=" + "x".join(map(str, _gdn_verify_plan(None))) + " (from gdn_verify_wide_from rows; "
-        "below: " + "x".join(map(str, _gdn_verify_plan(1))) + ")",
-        f"gdn_verify_wide_from={gdn_verify_wide_from()} (GDN verify: the default plan's 32-row tiles from this "
-        "many rows, 16-row tiles below)",
+        "gdn_verify=" + "x".join(map(str, _gdn_verify_plan(None))) + " (from gdn_verify_large_from rows; "
+        "from gdn_verify_wide_from: " + "x".join(map(str, _gdn_verify_plan(gdn_verify_wide_from())))
+        + "; below: " + "x".join(map(str, _gdn_verify_plan(1))) + ")",
+        f"gdn_verify_wide_from={gdn_verify_wide_from()} gdn_verify_large_from={gdn_verify_large_from()} (GDN "
+        "verify: the batch thresholds of its three default plans)",
         f"gdn_verify_maxnreg={gdn_verify_maxnreg()} (GDN verify plans 5 and 6: register cap of the looping "
         "programs; 0 = none)",
         f"gdn_fold_cols={gdn_fold_cols()}",
@@ -103,20 +104,31 @@ def describe() -> str:
     ])
 
 
-# The GDN verify's default plan by batch: (16, 1, 2, 4) below this many rows, (32, 1, 2, 4) from it.
-# Every H200 benchmark since session 20 timed both (docs/perf.md, runs 12-14, 2026-12-03/04:
-# 17 rows over 4 machines): from 8 rows 32x1 was 10-14 % faster at HV 32 and 64 (batch 256: 447.1
-# vs 496.4 us; 128: 235.6 vs 265.5; 8: 34.0 vs 38.4), at 4 rows equal (HV 32) or 11 % faster (HV 64),
-# at 1-2 rows 0.4-5 % slower (batch 1: 19.3 vs 18.4 us).
+# The GDN verify's default plans by batch (BV, warps, stages, products[, loop split]), from the
+# H200 benchmark of session 30 (docs/perf.md run 15, 2026-12-05, verify + commit, T = 4, HV 32 / 64,
+# every plan checked bit-exact on the GPU first): the looping plans (products 6: one launch, no
+# prep launch) beat every per-tile plan at 1, 8 and 256 rows.
+# * below gdn_verify_wide_from (4) rows: 16x1x1x6x8, eight programs per (row, value head) with one
+#   16-row tile each (batch 1: 11.9 / 13.6 us against stock's 15.6 / 17.9 and 17.2 / 17.7 for 32x2x2x6);
+# * from there: 32x2x2x6 (batch 8: 25.8 / 33.7 us against stock's 38.8 / 72.1; 16x1x2x6 32.3 / 38.2);
+# * from gdn_verify_large_from (64) rows: 16x1x2x6 (batch 256: 332.0 / 612.4 us against stock's
+#   976.4 / 1928.9, 2.94x / 3.15x; 32x2x2x6 353.2 / 647.7; the old default 32x1x2x4 444.1 / 785.1).
+# The two thresholds were not measured (no batch between 1 and 8, or between 8 and 256, timed these
+# plans): 4 is where the batch-1 and batch-8 times of the first two plans cross if each grows
+# linearly, 64 a guess between 8 and 256 (docs/runbook.md, next session: the sweep over batches).
 _GDN_VERIFY_WIDE_FROM = 4
-# The two default plans (BV, warps, stages, products[, loop split]): a plan with a fifth number
-# (a looping plan, products 5 or 6) makes that split the default for its batches too.
-_GDN_VERIFY_SMALL = (16, 1, 2, 4)
-_GDN_VERIFY_WIDE = (32, 1, 2, 4)
+_GDN_VERIFY_LARGE_FROM = 64
+_GDN_VERIFY_SMALL = (16, 1, 1, 6, 8)
+_GDN_VERIFY_WIDE = (32, 2, 2, 6)
+_GDN_VERIFY_LARGE = (16, 1, 2, 6)
 
 
 def gdn_verify_wide_from() -> int:
     return _OVERRIDES.get("gdn_verify_wide_from", (_GDN_VERIFY_WIDE_FROM,))[0]
+
+
+def gdn_verify_large_from() -> int:
+    return _OVERRIDES.get("gdn_verify_large_from", (_GDN_VERIFY_LARGE_FROM,))[0]
 
 
 def gdn_verify_config(K: int, V: int, T: int, rows: Optional[int] = None) -> tuple[int, int, int, int]:
@@ -134,11 +146,13 @@ def gdn_verify_config(K: int, V: int, T: int, rows: Optional[int] = None) -> tup
 
 def _gdn_verify_plan(rows: Optional[int]) -> tuple:
     """The whole verify plan for a launch of `rows` rows: the `gdn_verify` override at every batch,
-    else _GDN_VERIFY_SMALL below gdn_verify_wide_from() rows and _GDN_VERIFY_WIDE from there (`rows`
-    None: a large batch)."""
+    else _GDN_VERIFY_SMALL below gdn_verify_wide_from() rows, _GDN_VERIFY_WIDE from there and
+    _GDN_VERIFY_LARGE from gdn_verify_large_from() rows (`rows` None: a large batch)."""
     if "gdn_verify" in _OVERRIDES:
         return tuple(_OVERRIDES["gdn_verify"])
-    if rows is not None and rows < gdn_verify_wide_from():
+    if rows is None or rows >= gdn_verify_large_from():
+        return _GDN_VERIFY_LARGE
+    if rows < gdn_verify_wide_from():
         return _GDN_VERIFY_SMALL
     return _GDN_VERIFY_WIDE
 
