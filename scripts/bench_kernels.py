@@ -671,6 +671,15 @@ def print_table(results, bw):
                 f"{r['spec_stock_us'] / r['spec_ours_us']:.2f}", "-")))
 
 
+def _plan_list(parser, name: str, text: str) -> tuple:
+    from replayssm_kernels.configs import parse_plan
+
+    plans = tuple(parse_plan(name, t) for t in text.split(","))
+    if not plans or None in plans:
+        parser.error(f"--{name.replace('_', '-')}-plans: {text!r} is not a comma-separated list of {name} plans")
+    return plans
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--family", default="all", choices=["all", "gdn", "mamba2"])
@@ -681,7 +690,16 @@ def main(argv=None):
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--skip-check", action="store_true")
     p.add_argument("--json")
+    p.add_argument("--gdn-decode-plans", help="comma-separated gdn_decode plans to time (and check) instead of "
+                   "DECODE_CONFIGS, e.g. 3x16x1x3x8x0x1")
+    p.add_argument("--gdn-verify-plans", help="comma-separated gdn_verify plans to time (and check) instead of "
+                   "VERIFY_CONFIGS, e.g. 16x1x1x6x8,32x2x2x6,16x1x2x6")
     args = p.parse_args(argv)
+    global DECODE_CONFIGS, VERIFY_CONFIGS
+    if args.gdn_decode_plans:
+        DECODE_CONFIGS = _plan_list(p, "gdn_decode", args.gdn_decode_plans)
+    if args.gdn_verify_plans:
+        VERIFY_CONFIGS = _plan_list(p, "gdn_verify", args.gdn_verify_plans)
     if not torch.cuda.is_available():
         sys.exit("bench_kernels.py needs a CUDA GPU")
     batches = [int(x) for x in args.batches.split(",")]

@@ -38,6 +38,8 @@
 #                  GPU): GDN verify tests with it, verify phases per plan, bench 256          [.site]
 #   gdn_vsmall     the looping verify plans with loop splits (session 29) at batches 8 and 1 (bench),
 #                  then the verify phases at 256 with gdn_verify_maxnreg=168                   [.site]
+#   gdn_vtiers     the verify's three default plans (session 30) and 32x1x2x4 at batches 2-128 (bench,
+#                  decode with its default plan only), then the GDN verify tests with the defaults  [.site]
 #   gdn_small      GDN spec below batch 64: the one-launch commit (cursor move inside the fold): tests
 #                  with it on, bench 64/32/8/1 timing the commit both ways               [.whl]
 #   gdn_sweep      GDN launch plans and the exact replay's unroll depths vs SGLang's kernels  [.whl]
@@ -313,6 +315,21 @@ step_gdn_vsmall() {
     gdn_verify_maxnreg=168
 }
 
+step_gdn_vtiers() {
+  # Session 30 set the verify's three default plans (configs: 16x1x1x6x8 below 4 rows, 32x2x2x6 from
+  # 4, 16x1x2x6 from 64) from batches 1, 8 and 256 only (perf.md run 15). Here the three plans and
+  # the old 32x1x2x4 at the batches between, the decode timed with its default plan alone (the
+  # benchmark's GPU check covers the plans it times). Then the verify tests with the three-plan
+  # default (no REPLAYSSM_CONFIG), with what is left. If a threshold is off, move
+  # _GDN_VERIFY_WIDE_FROM / _GDN_VERIFY_LARGE_FROM to the crossing.
+  local d="$OUT/gdn_vtiers"
+  run env OUT="$d" BENCH_TIMEOUT=$(( $(left) - 140 )) BENCH_ARGS="--family gdn --batches 2,4,16,32,64,128 --reps 12 \
+--gdn-decode-plans 3x16x1x3x8x0x1 --gdn-verify-plans 16x1x1x6x8,32x2x2x6,16x1x2x6,32x1x2x4" \
+    bash scripts/device_kernels.sh bench
+  run env OUT="$d" GDNTESTS_TIMEOUT=$(( $(left) - 10 )) GDNTESTS_K="verify or state_loop" \
+    bash scripts/device_kernels.sh gdntests
+}
+
 step_gdn_small() {
   # GDN spec below batch 64 (run 10: verify + commit 0.75x of stock at batch 1, 0.87x at 8). Session
   # 20 made the narrow fold the default below 33 rows (run 12) and prepared the one-launch commit
@@ -543,7 +560,7 @@ step_aime() {
     --time-budget $(( $(left) - 30 ))
 }
 
-STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_order gdn_pdl gdn_prep gdn_plan4 gdn_vloop gdn_vsmall gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
+STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_order gdn_pdl gdn_prep gdn_plan4 gdn_vloop gdn_vsmall gdn_vtiers gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
 [ $# -gt 0 ] || { echo "usage: $0 STEP [STEP ...]; steps: ${STEPS[*]}" >&2; exit 2; }
 for s in "$@"; do
   [[ " ${STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s; steps: ${STEPS[*]}" >&2; exit 2; }
