@@ -40,6 +40,8 @@
 #                  then the verify phases at 256 with gdn_verify_maxnreg=168                   [.site]
 #   gdn_vtiers     the verify's three default plans (session 30) and 32x1x2x4 at batches 2-128 (bench,
 #                  decode with its default plan only), then the GDN verify tests with the defaults  [.site]
+#   gdn_ring32     GDN decode and spec at 256 with ring length 16, then 32 (the commit's folds half as
+#                  often), default plans                                                     [.site]
 #   gdn_small      GDN spec below batch 64: the one-launch commit (cursor move inside the fold): tests
 #                  with it on, bench 64/32/8/1 timing the commit both ways               [.whl]
 #   gdn_sweep      GDN launch plans and the exact replay's unroll depths vs SGLang's kernels  [.whl]
@@ -330,6 +332,21 @@ step_gdn_vtiers() {
     bash scripts/device_kernels.sh gdntests
 }
 
+step_gdn_ring32() {
+  # Session 30: with the one-launch verify, the commit is a third of the spec step at batch 256
+  # (run 15: verify alone 218 us of 332): a row folds ~13 entries every ~5.2 steps at L = 16, and
+  # each fold reads and writes the checkpoint. A 32-entry ring (`--replayssm-ring-len 32`) folds
+  # half as often, for twice the ring memory and longer ring reads in the verify and the decode.
+  # The benchmark at 256 with L = 16 and then L = 32, default plans only (decode and verify), in one
+  # call so both have the same machine.
+  local d="$OUT/gdn_ring32" L
+  for L in 16 32; do
+    run env OUT="$d/L$L" BENCH_TIMEOUT=$(( $(left) / (L == 16 ? 2 : 1) - 10 )) BENCH_ARGS="--family gdn --batches 256 --reps 12 \
+--ring-len $L --gdn-decode-plans 3x16x1x3x8x0x1 --gdn-verify-plans 16x1x2x6,32x2x2x6" \
+      bash scripts/device_kernels.sh bench
+  done
+}
+
 step_gdn_small() {
   # GDN spec below batch 64 (run 10: verify + commit 0.75x of stock at batch 1, 0.87x at 8). Session
   # 20 made the narrow fold the default below 33 rows (run 12) and prepared the one-launch commit
@@ -560,7 +577,7 @@ step_aime() {
     --time-budget $(( $(left) - 30 ))
 }
 
-STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_order gdn_pdl gdn_prep gdn_plan4 gdn_vloop gdn_vsmall gdn_vtiers gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
+STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_order gdn_pdl gdn_prep gdn_plan4 gdn_vloop gdn_vsmall gdn_vtiers gdn_ring32 gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
 [ $# -gt 0 ] || { echo "usage: $0 STEP [STEP ...]; steps: ${STEPS[*]}" >&2; exit 2; }
 for s in "$@"; do
   [[ " ${STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s; steps: ${STEPS[*]}" >&2; exit 2; }

@@ -148,6 +148,9 @@ VERIFY_CASES = [
     pytest.param(3, 2, 4, 32, 16, 16, 4, fp32, 10, id="B3-L16-T4-fp32"),
     pytest.param(2, 1, 3, 48, 40, 5, 3, bf16, 8, id="B2-HV3-K48-V40-L5-T3-bf16"),
     pytest.param(2, 1, 2, 128, 128, 8, 4, bf16, 8, id="B2-K128-V128-L8-T4-bf16"),
+    # Five rows: the default plan from gdn_verify_wide_from rows (the cases above run the one below
+    # it); a 32-entry ring (--replayssm-ring-len 32, device_plan.sh gdn_ring32).
+    pytest.param(5, 1, 2, 32, 32, 32, 4, bf16, 30, id="B5-L32-T4-bf16"),
 ]
 
 
