@@ -367,8 +367,8 @@ def state_launch_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
 
 def pdl_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
     """The GDN two-launch pair (gdn/verify_split.py): the verify at T (plan 32x1x2x4; the default
-    verify plans are one launch since session 30) and the decode's plan 3 at T = 1 (default tiles) built with and without PDL (configs.gdn_pdl): per
-    kernel, its `griddepcontrol` instructions in the PTX, and for the state launch the checkpoint
+    verify plans are one launch since session 30) and the decode's plan 3 at T = 1 (default tiles),
+    built with and without PDL (configs.gdn_pdl): per kernel, its `griddepcontrol` instructions in the PTX, and for the state launch the checkpoint
     tile's loads (the `evict_first` ones) before and after its `griddepcontrol.wait`: the launch
     overlaps the prep launch only with what it loads before the wait."""
     from replayssm_kernels.configs import gdn_decode_config, gdn_history_rt, gdn_state_dot, gdn_state_kc
