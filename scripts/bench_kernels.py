@@ -187,8 +187,7 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
         GDN_UNROLL_SWEEP,
         gdn_decode_config,
         gdn_flush_spread,
-        gdn_verify_config,
-        gdn_verify_loop_split,
+        gdn_verify_plan,
         override,
         ring_min_batch,
     )
@@ -302,8 +301,7 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
             # Below the threshold the GDN backend runs SGLang's packed decode (after a fold).
             row["decode_dispatch"] = "stock" if B < ring_min_batch("gdn") else "ring"
             row["decode_default_cfg"] = gdn_decode_config(K, V).key()
-            split = gdn_verify_loop_split(rows=B)
-            row["spec_default_cfg"] = "x".join(map(str, gdn_verify_config(K, V, T, rows=B) + ((split,) if split != 1 else ())))
+            row["spec_default_cfg"] = "x".join(map(str, gdn_verify_plan(B)))
             snaps = snaps_sync
 
             def prep():

@@ -58,9 +58,9 @@ def describe() -> str:
     m2_plan = mamba2_decode_plan()
     return "\n".join([
         "gdn_decode=" + gdn_decode_config(128, 128).key(),
-        "gdn_verify=" + "x".join(map(str, _gdn_verify_plan(None))) + " (from gdn_verify_large_from rows; "
-        "from gdn_verify_wide_from: " + "x".join(map(str, _gdn_verify_plan(gdn_verify_wide_from())))
-        + "; below: " + "x".join(map(str, _gdn_verify_plan(1))) + ")",
+        "gdn_verify=" + "x".join(map(str, gdn_verify_plan(None))) + " (from gdn_verify_large_from rows; "
+        "from gdn_verify_wide_from: " + "x".join(map(str, gdn_verify_plan(gdn_verify_wide_from())))
+        + "; below: " + "x".join(map(str, gdn_verify_plan(1))) + ")",
         f"gdn_verify_wide_from={gdn_verify_wide_from()} gdn_verify_large_from={gdn_verify_large_from()} (GDN "
         "verify: the batch thresholds of its three default plans)",
         f"gdn_verify_maxnreg={gdn_verify_maxnreg()} (GDN verify plans 5 and 6: register cap of the looping "
@@ -140,11 +140,11 @@ def gdn_verify_config(K: int, V: int, T: int, rows: Optional[int] = None) -> tup
     the state launch as one program per row and value head that walks its value rows `BV` at a
     time, its tile loads pipelined (tensor-core products; `gdn/verify_loop.py`), 6 = as 5 without
     the prep launch (those programs make the prep's products too: one launch)."""
-    bv, w, st, *dot = _gdn_verify_plan(rows)[:4]
+    bv, w, st, *dot = gdn_verify_plan(rows)[:4]
     return bv, w, st, int(dot[0]) if dot else 0
 
 
-def _gdn_verify_plan(rows: Optional[int]) -> tuple:
+def gdn_verify_plan(rows: Optional[int]) -> tuple:
     """The whole verify plan for a launch of `rows` rows: the `gdn_verify` override at every batch,
     else _GDN_VERIFY_SMALL below gdn_verify_wide_from() rows, _GDN_VERIFY_WIDE from there and
     _GDN_VERIFY_LARGE from gdn_verify_large_from() rows (`rows` None: a large batch)."""
@@ -163,7 +163,7 @@ def gdn_verify_loop_split(rows: Optional[int] = None) -> int:
     `1/split` of the value rows' tiles; with 6 every program also makes the prep's products, and the
     first writes the window's gates and keys. More programs for small batches, where `B * HV`
     programs would leave most SMs idle."""
-    plan = _gdn_verify_plan(rows)
+    plan = gdn_verify_plan(rows)
     split = int(plan[4]) if len(plan) == 5 else 1
     if split < 1 or (split != 1 and plan[3] not in (5, 6)):
         raise ValueError(f"gdn_verify: a fifth number (loop split >= 1) is the looping plans' only (products 5 "
