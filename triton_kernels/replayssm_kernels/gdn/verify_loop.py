@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from .common import (gdn_decode_flush, gdn_l2norm_rows, gdn_l2norm_vec, gdn_ring_append_gate_keys,
+from .common import (gdn_decode_flush, gdn_fold_rows, gdn_l2norm_rows, gdn_l2norm_vec, gdn_ring_append_gate_keys,
                      gdn_token_gate)
 from .verify_split import (history_dot, history_gate_weights, history_mma, history_weights, probe_matrix,
                            ring_key_products, scratch_dec, scratch_window, split_hk_hq, window_algebra,
@@ -102,11 +102,11 @@ def _state_tiles(v, o, state, ring_d, ring_rawv, slot, i_n, i_hv, wp, org, T, st
                  stride_state_slot, stride_d_slot, stride_rawv_slot, b_p, b_w, b_dec, b_eg, b_beta, b_M, b_C,
                  HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                  BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr, NP: tl.constexpr, EVICT: tl.constexpr,
-                 RT: tl.constexpr, NSTG: tl.constexpr, i_s, VS: tl.constexpr):
+                 RT: tl.constexpr, NSTG: tl.constexpr, v_lo, v_hi):
     """The value rows of one (row, value head), `BV` at a time: `hk`, `hq` from the checkpoint
     tile and the committed `d` entries (`history_mma`), then the window's `u` and outputs, the
-    raw `v` and `u` into the rings. With `VS` programs per (row, value head), program `i_s` walks
-    its share of the tiles (`_split_tiles`)."""
+    raw `v` and `u` into the rings. The program walks tiles `v_lo .. v_hi - 1` (its share,
+    `_split_tiles`)."""
     o_k = tl.arange(0, BK)
     o_b = tl.arange(0, BV)
     o_t = tl.arange(0, BT)
@@ -121,7 +121,6 @@ def _state_tiles(v, o, state, ring_d, ring_rawv, slot, i_n, i_hv, wp, org, T, st
     p_rv = ring_rawv + slot * stride_rawv_slot + i_hv * RL * V
     p_v = v + i_n * stride_v_row + i_hv * V
     p_o = o + (i_n * T * HV + i_hv) * V
-    v_lo, v_hi = _split_tiles(i_s, V, BV, VS)
     for i_v in tl.range(v_lo, v_hi, num_stages=NSTG):
         o_v = i_v * BV + o_b
         mask_v = o_v < V
@@ -164,10 +163,11 @@ def _gdn_verify_state_loop_kernel(
         gdc_wait()  # the prep launch's scratch below
     p_sc = scratch + (i_n * HV + i_hv).to(tl.int64) * NS
     b_eg, b_beta, b_M, b_C = scratch_window(p_sc, BT, RLB)
+    v_lo, v_hi = _split_tiles(i_s, V, BV, VS)
     _state_tiles(v, o, state, ring_d, ring_rawv, slot, i_n, i_hv, tl.load(wpos + slot), tl.load(origin + slot), T,
                  stride_v_tok, stride_v_row, stride_state_slot, stride_d_slot, stride_rawv_slot, b_p,
                  history_weights(p_sc, BT, RLB, NP), scratch_dec(p_sc, BT, RLB), b_eg, b_beta, b_M, b_C,
-                 HV, K, V, BK, BV, BT, RL, RLB, NP, EVICT, RT, NSTG, i_s, VS)
+                 HV, K, V, BK, BV, BT, RL, RLB, NP, EVICT, RT, NSTG, v_lo, v_hi)
 
 
 @triton.jit
@@ -181,10 +181,10 @@ def _gram_block(b_gram, r: tl.constexpr, c: tl.constexpr, BT: tl.constexpr, NP: 
     return tl.sum(tl.sum(tl.where(sel, b4, 0.0), 2), 0)
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "fold_margin"])
 def _gdn_verify_fused_kernel(
     q, k, v, a, b, A_log, dt_bias, o, state, ring_d, ring_rawv, ring_k, ring_g, ring_rawk, ring_beta,
-    slot_idx, wpos, origin,
+    slot_idx, wpos, origin, vfold, fold_margin,
     scale, softplus_beta, softplus_threshold,
     T,
     stride_q_row, stride_q_tok, stride_k_row, stride_k_tok, stride_v_row, stride_v_tok,
@@ -195,17 +195,54 @@ def _gdn_verify_fused_kernel(
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
     NP: tl.constexpr, EVICT: tl.constexpr, RT: tl.constexpr = False, TREE: tl.constexpr = False,
     RAW_K: tl.constexpr = True, NSTG: tl.constexpr = 2, VS: tl.constexpr = 1,
+    FOLD: tl.constexpr = False, FTREE: tl.constexpr = 0, BVF: tl.constexpr = 8, UNROLL: tl.constexpr = 1,
+    VSF: tl.constexpr = 1,
 ):
     """Products 6: the whole verify in one launch (module docstring). With `VS` programs per
     (row, value head) each makes the products and walks its share of the tiles; the first writes
-    the window's gates and keys."""
-    i_n, i_hv, i_s = _split_pid(HV, VS)
+    the window's gates and keys. With `FOLD`, a row whose pending entries leave no room for this
+    window and a next one (`wp + T + fold_margin > RL`) first folds them into its checkpoint
+    (each program its share of the value rows, exactly, in the replay form `FTREE`), records
+    their number in `vfold[slot]` for the commit (`cursors.commit_prepare`'s `vfold`), and then
+    computes the window from that checkpoint and an empty ring. A folding row has `VSF` programs
+    per value head, each folding and then computing its share of the value rows; the others `VS`
+    (the grid has the larger number; a row's programs past its own number exit at once)."""
+    VSG: tl.constexpr = VS if VS > VSF else VSF
+    i_n, i_hv, i_s = _split_pid(HV, VSG)
     i_h = i_hv // (HV // H)
     slot = tl.load(slot_idx + i_n).to(tl.int64)
     if slot < 0:
         return
     wp = tl.load(wpos + slot)
     org = tl.load(origin + slot)
+    v_lo, v_hi = _split_tiles(i_s, V, BV, VS)
+    if FOLD:
+        folding = wp + T + fold_margin > RL
+        if VSF != VS:
+            if i_s >= tl.where(folding, VSF, VS):
+                return
+            f_lo, f_hi = _split_tiles(i_s, V, BV, VSF)
+            v_lo = tl.where(folding, f_lo, v_lo)
+            v_hi = tl.where(folding, f_hi, v_hi)
+        if folding:
+            # The commit's fold, moved here: this launch reads the checkpoint tiles anyway. The
+            # window's ring entries go to (org + wp + t) % RL, after the folded ones (wp + T <= RL).
+            if FTREE != 0:
+                p_rk = ring_k + slot * stride_k_slot + i_h * RL * K  # normalised fp32 keys
+            else:
+                p_rk = ring_rawk + slot * stride_rawk_slot + i_h * RL * K
+            p_hs = state + slot * stride_state_slot + i_hv * K * V
+            p_rv = ring_rawv + slot * stride_rawv_slot + i_hv * RL * V
+            p_rg = ring_g + slot * stride_g_slot + i_hv * RL
+            p_rb = ring_beta + slot * stride_beta_slot + i_hv * RL
+            for i_v in range(v_lo, v_hi):
+                gdn_fold_rows(p_hs, p_rk, p_rv, p_rg, p_rb, org, wp, i_v, K, V, BK, BV, BVF, RL, UNROLL,
+                              FTREE)
+            if (i_hv == 0) & (i_s == 0):
+                tl.store(vfold + slot, wp)
+            org = (org + wp) % RL
+            wp = wp - wp
+            tl.debug_barrier()  # the tiles below are read back by other threads of this program
     o_k = tl.arange(0, BK)
     o_t = tl.arange(0, BT)
     o_j = tl.arange(0, RLB)
@@ -242,7 +279,7 @@ def _gdn_verify_fused_kernel(
     _state_tiles(v, o, state, ring_d, ring_rawv, slot, i_n, i_hv, wp, org, T, stride_v_tok, stride_v_row,
                  stride_state_slot, stride_d_slot, stride_rawv_slot, b_p, b_w, tl.exp(b_gtot), tl.exp(b_gc),
                  tl.where(o_t < T, b_betaw, 0.0), b_M, b_C, HV, K, V, BK, BV, BT, RL, RLB, NP, EVICT, RT, NSTG,
-                 i_s, VS)
+                 v_lo, v_hi)
 
 
 @triton.jit
