@@ -161,10 +161,13 @@ VERIFY_CONFIGS = ((16, 1, 2, 4), (32, 1, 2, 4), (64, 4, 2, 4), (16, 1, 2, 5), (3
 # non-flush step at batch 256 ran in that launch, exposed). Plan 5 (session 28, not yet on a GPU):
 # one launch, one program per row and value head (gdn/verify_loop.py); offline sm_90 96 registers
 # at 8 and 16 rows, tile loads pipelined in 2 stages; an eighth number is its loop split (session 29:
-# 2 programs per row and value head, so a flush row's exact path is half as long).
+# 2 programs per row and value head, so a flush row's exact path is half as long). A ninth number
+# (session 31): a flush row's own programs per value head (8: one 16-row tile each, plan 3's flush
+# parallelism) while the non-flush rows keep one (plan 5's prologue once per value head).
 DECODE_CONFIGS = ((0, 32, 1, 3, 32, 0, 0), (2, 16, 1, 3, 32, 0, 1), (2, 16, 1, 3, 8, 0, 1),
                   (3, 16, 1, 3, 8, 0, 1), (3, 16, 1, 3, 16, 0, 1), (3, 32, 1, 3, 8, 0, 1),
-                  (4, 16, 1, 3, 8, 0, 1), (5, 16, 1, 2, 8, 0, 1), (5, 8, 1, 2, 8, 0, 1), (5, 16, 1, 2, 8, 0, 1, 2))
+                  (4, 16, 1, 3, 8, 0, 1), (5, 16, 1, 2, 8, 0, 1), (5, 8, 1, 2, 8, 0, 1), (5, 16, 1, 2, 8, 0, 1, 2),
+                  (5, 16, 1, 2, 8, 0, 1, 1, 8))
 # (32, 4, 2, 0): the one-launch verify, for small batches, where the two-launch default adds a
 # launch per layer (batch 1: 23.9 us in run 3 vs 24.7 us for the default in run 5, SGLang 15.7 us;
 # never timed side by side).

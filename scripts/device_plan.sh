@@ -271,10 +271,13 @@ step_gdn_plan4() {
   # head, the ring products once per program; 2 of its tilings) to the cycles and the benchmark.
   # Session 29: plan 5 with loop splits 2 and 4 in the cycles (a flush row's exact path over all 128
   # value rows in one program is 8 plan-3 flush programs end to end: a possible tail of the launch).
+  # Run 15 confirmed that tail (plan 5: 281.6 us staggered, 217.1 with split 2, plan 3 188.1).
+  # Session 31: plan 5 with a flush split (a ninth number): flush rows on 8 programs (one tile each),
+  # the others on 1 or 2 (5x16x1x2x8x0x1x1x8, 5x16x1x2x8x0x1x2x8).
   local d="$OUT/gdn_plan4"
   run env OUT="$d" GDNTESTS_TIMEOUT=200 GDNTESTS_K="decode" bash scripts/device_kernels.sh gdntests
   profile_per_config "$d" \
-    "--decode-configs 3x16x1x3x8x0x1,4x16x1x3x8x0x1,4x32x1x3x8x0x1,5x16x1x2x8x0x1,5x8x1x2x8x0x1,5x16x1x2x8x0x1x2,5x16x1x2x8x0x1x4 --decode-launches --no-verify --fold-lens 15 --cycle-spreads off,75 --reps 15" \
+    "--decode-configs 3x16x1x3x8x0x1,4x16x1x3x8x0x1,4x32x1x3x8x0x1,5x16x1x2x8x0x1,5x8x1x2x8x0x1,5x16x1x2x8x0x1x2,5x16x1x2x8x0x1x4,5x16x1x2x8x0x1x1x8,5x16x1x2x8x0x1x2x8 --decode-launches --no-verify --fold-lens 15 --cycle-spreads off,75 --reps 15" \
     gdn_flush_spread=75
   run env OUT="$d" BENCH_TIMEOUT=$(( $(left) - 15 )) BENCH_ARGS="--family gdn --batches 256,128,64" \
     bash scripts/device_kernels.sh bench

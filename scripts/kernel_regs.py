@@ -150,12 +150,13 @@ def gdn_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
     c = dict(H=H, HV=HV, K=K, V=V, BK=head["BK"], BV=16, BVF=8, RL=L, RLB=head["RLB"], EVICT=True,
              UNROLL=gdn_replay_unroll(), RT=True, ORDER=True, NSTG=2)
     kern = verify_loop._gdn_decode_loop_kernel
-    for vs in (1, 2):
+    for vs, vsf in ((1, 0), (2, 0), (1, 8)):
+        cv = {**c, "VS": vs, "VSF0": vsf}
         rows.append(("decode plan 5 (one program per row and value head) bv16 w1 history-rt"
-                     + (f", {vs} programs per row and value head" if vs > 1 else ""),
+                     + (f", {vs} programs per row and value head" if vs > 1 else "")
+                     + (f", {vsf} per flush row and value head" if vsf else ""),
                      *ptxas_report(kern, signature(kern, {**ptrs, "ring_kn": "*fp32", "ring_kraw": "*bf16",
-                                                          "row_order": "*i32"}, {**c, "VS": vs}), {**c, "VS": vs},
-                                   1, 2)))
+                                                          "row_order": "*i32"}, cv), cv, 1, 2)))
     for bvf in (32, 8):
         for unroll in (gdn_replay_unroll(), *GDN_UNROLL_SWEEP):
             c = dict(H=H, HV=HV, K=K, V=V, BK=head["BK"], BV=32, BVF=bvf, RL=L, HAS_DST=False, HAS_SNAP=True,

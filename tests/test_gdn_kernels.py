@@ -119,6 +119,10 @@ def test_gdn_decode(B, H, HV, K, V, L, dtype, steps, device, assert_within_basel
     # Plan 5 with a loop split: 8 tiles in shares of 3, 3, 2; 3 tiles (the last partial) in 2, 1.
     pytest.param((5, 16, 1, 3, 8, 0, 1, 3), (128, 128, 16), id="plan5-split3-K128"),
     pytest.param((5, 16, 1, 2, 16, 0, 1, 2), (48, 40, 4), id="plan5-split2-K48"),
+    # Plan 5 with a flush split: flush rows on 8 programs (one tile each) and the rest on 1; flush rows
+    # on 3 (one tile each, the last partial) and the rest on 2.
+    pytest.param((5, 16, 1, 3, 8, 0, 1, 1, 8), (128, 128, 16), id="plan5-flushsplit8-K128"),
+    pytest.param((5, 16, 1, 2, 16, 0, 1, 2, 3), (48, 40, 4), id="plan5-split2-flushsplit3-K48"),
 ])
 def test_gdn_decode_launch_variants(cfg, shape, device, assert_within_baseline):
     """Every launch plan of configs.GDNDecodeConfig keeps the committed state bit-exact."""
@@ -462,6 +466,13 @@ def test_gdn_loop_split_config(monkeypatch):
         assert gdn_decode_config(128, 128).key() == "5x16x1x2x8x0x1"
     with override("gdn_decode", (3, 16, 1, 2, 8, 0, 1, 2)), pytest.raises(ValueError, match="plan 5"):
         gdn_decode_config(128, 128)
+    # A ninth number: a flush row's programs per value head (plan 5 only, >= 1; the key keeps the eighth).
+    with override("gdn_decode", (5, 16, 1, 2, 8, 0, 1, 1, 8)):
+        cfg = gdn_decode_config(128, 128)
+        assert (cfg.loop_split, cfg.flush_split) == (1, 8) and cfg.key() == "5x16x1x2x8x0x1x1x8"
+    for bad in ((5, 16, 1, 2, 8, 0, 1, 1, 0), (3, 16, 1, 2, 8, 0, 1, 1, 8)):
+        with override("gdn_decode", bad), pytest.raises(ValueError, match="ninth"):
+            gdn_decode_config(128, 128)
     # (V, BV, split) -> programs: 8 tiles in 1..8 shares, none empty; more than the tiles -> one each.
     assert [loop_programs(128, 16, n) for n in (1, 2, 3, 4, 5, 6, 7, 8, 9, 64)] == [1, 2, 3, 4, 4, 4, 4, 8, 8, 8]
     assert loop_programs(40, 16, 2) == 2 and loop_programs(40, 16, 3) == 3 and loop_programs(16, 16, 8) == 1

@@ -17,7 +17,7 @@ _OVERRIDES: dict[str, tuple[int, int, int]] = {}
 
 
 # name -> accepted numbers of `x`-separated integers
-_OVERRIDE_ARITY = {"gdn_decode": (7, 8), "gdn_verify": (3, 4, 5), "gdn_verify_wide_from": (1,), "gdn_verify_large_from": (1,), "gdn_fold_cols": (1,),
+_OVERRIDE_ARITY = {"gdn_decode": (7, 8, 9), "gdn_verify": (3, 4, 5), "gdn_verify_wide_from": (1,), "gdn_verify_large_from": (1,), "gdn_fold_cols": (1,),
                    "gdn_ring_min_batch": (1,),
                    "mamba2_ring_min_batch": (1,), "mamba2_decode": (4,),
                    "mamba2_decode_tile": (3,), "mamba2_verify_tile": (3,), "mamba2_chunk_min_batch": (1,),
@@ -193,7 +193,9 @@ class GDNDecodeConfig:
         those products once and walks its value rows `block_v` at a time (tile loads pipelined),
         the exact path likewise for flush rows.
         `loop_split` programs per row and value head, each with `1/loop_split` of the tiles
-        (the eighth number of a `gdn_decode` plan; 1 when absent).
+        (the eighth number of a `gdn_decode` plan; 1 when absent); `flush_split` programs per
+        value head of a flush row instead (the ninth number; 0 when absent = `loop_split`), so
+        that a flush row's exact path is spread over more programs than a non-flush row needs.
     flush_cols: V columns replayed at a time by the exact (flush) path (divides 32).
     use_dot: non-flush products on tensor cores (tf32x3) instead of warp reductions.
     evict_first: stream the checkpoint through L2 on non-flush rows.
@@ -207,12 +209,17 @@ class GDNDecodeConfig:
     use_dot: bool = False
     evict_first: bool = False
     loop_split: int = 1
+    flush_split: int = 0
 
     def key(self) -> str:
         """The `REPLAYSSM_CONFIG` / benchmark spelling, e.g. `2x16x1x3x32x0x1` (an eighth number only
-        for a loop split other than 1)."""
+        for a loop split other than 1, a ninth for a flush split)."""
         nums = (self.split, self.block_v, self.num_warps, self.num_stages, self.flush_cols, self.use_dot,
-                self.evict_first) + ((self.loop_split,) if self.loop_split != 1 else ())
+                self.evict_first)
+        if self.flush_split:
+            nums += (self.loop_split, self.flush_split)
+        elif self.loop_split != 1:
+            nums += (self.loop_split,)
         return "x".join(str(int(x)) for x in nums)
 
 
@@ -232,10 +239,14 @@ def gdn_decode_config(K: int, V: int) -> GDNDecodeConfig:
     if "gdn_decode" in _OVERRIDES:
         split, bv, warps, stages, fcols, dot, evict, *ls = _OVERRIDES["gdn_decode"]
         loop_split = int(ls[0]) if ls else 1
+        flush_split = int(ls[1]) if len(ls) > 1 else 0
         if loop_split < 1 or (loop_split != 1 and split != 5):
             raise ValueError(f"gdn_decode: an eighth number (loop split >= 1) is decode plan 5's only, got "
                              f"{_OVERRIDES['gdn_decode']}; fix REPLAYSSM_CONFIG")
-        return GDNDecodeConfig(int(split), bv, warps, stages, fcols, bool(dot), bool(evict), loop_split)
+        if len(ls) > 1 and (flush_split < 1 or split != 5):
+            raise ValueError(f"gdn_decode: a ninth number (flush rows' programs per value head, >= 1) is decode "
+                             f"plan 5's only, got {_OVERRIDES['gdn_decode']}; fix REPLAYSSM_CONFIG")
+        return GDNDecodeConfig(int(split), bv, warps, stages, fcols, bool(dot), bool(evict), loop_split, flush_split)
     return _GDN_DECODE_DEFAULT
 
 

@@ -279,7 +279,8 @@ def gdn_replay_decode(
                              f"{GDN_K_FORMS[tree]} form; use num_warps=1 or REPLAYSSM_CONFIG=gdn_k_tree=1")
         ring_fk = rings.replay_keys(tree)
         VS = loop_programs(V, bv_cfg, cfg.loop_split)
-        _gdn_decode_loop_kernel[(B * HV * VS,)](
+        VSF = loop_programs(V, bv_cfg, cfg.flush_split) if cfg.flush_split else 0  # 0: as VS
+        _gdn_decode_loop_kernel[(B * HV * max(VS, VSF),)](
             q, k, v, a, b, A_log, dt_bias, out, state, rings.d, rings.rawv, ring_fk, rings.k, rings.rawk, rings.g,
             rings.beta,
             slot_idx, origin, row_wp, row_flush, row_order if row_order is not None else row_wp,
@@ -291,7 +292,7 @@ def gdn_replay_decode(
             H=H, HV=HV, K=K, V=V, BK=BK, BV=bv_cfg, BVF=min(cfg.flush_cols, bv_cfg), RL=RL,
             RLB=triton.next_power_of_2(RL), EVICT=cfg.evict_first, UNROLL=gdn_replay_unroll(), TREE=tree,
             RT=gdn_history_rt(decode=True), ORDER=row_order is not None, RAW_K=rings.has_raw_keys,
-            NSTG=cfg.num_stages, VS=VS, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            NSTG=cfg.num_stages, VS=VS, VSF0=VSF, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     elif cfg.split in (3, 4):
         # One launch fewer: the state launch of the two-launch pair also runs the flush rows; plan 4

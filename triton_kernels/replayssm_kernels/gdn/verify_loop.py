@@ -31,6 +31,9 @@ asynchronous copies into shared memory, the next tiles in flight while one is us
 Grid: `(B * HV * VS,)`: with a loop split (`VS` > 1, `configs.gdn_verify_loop_split`, decode plan 5's
 `loop_split`) each (row, value head) has `VS` programs, each walking a consecutive share of the
 tiles; the prologue (products, gates) is made by each, the ring writes of gates and keys by the first.
+A row on the exact path (a decode flush row; a row the verify folds, `gdn_verify_fold`) may have its
+own number `VSF` of programs per value head: the grid has `max(VS, VSF)`, and a row's programs past
+its own number exit at once.
 """
 
 from __future__ import annotations
@@ -66,6 +69,22 @@ def _split_tiles(i_s, V: tl.constexpr, BV: tl.constexpr, VS: tl.constexpr):
         return 0, NT
     else:
         return i_s * NTS, tl.minimum(i_s * NTS + NTS, NT)
+
+
+@triton.jit
+def _share_of_row(i_s, exact, V: tl.constexpr, BV: tl.constexpr, VS: tl.constexpr, VSF: tl.constexpr):
+    """`(lo, hi, idle)` of program `i_s` of a row: its share of the tiles among `VSF` programs when
+    the row is on the exact path (`exact`: a decode flush row, a row the verify folds), else among
+    `VS`; `idle` when `i_s` is past that row's number of programs (the grid has the larger)."""
+    v_lo, v_hi = _split_tiles(i_s, V, BV, VS)
+    if VSF != VS:
+        f_lo, f_hi = _split_tiles(i_s, V, BV, VSF)
+        v_lo = tl.where(exact, f_lo, v_lo)
+        v_hi = tl.where(exact, f_hi, v_hi)
+        idle = i_s >= tl.where(exact, VSF, VS)
+    else:
+        idle = False
+    return v_lo, v_hi, idle
 
 
 @triton.jit
@@ -215,15 +234,14 @@ def _gdn_verify_fused_kernel(
         return
     wp = tl.load(wpos + slot)
     org = tl.load(origin + slot)
-    v_lo, v_hi = _split_tiles(i_s, V, BV, VS)
     if FOLD:
         folding = wp + T + fold_margin > RL
-        if VSF != VS:
-            if i_s >= tl.where(folding, VSF, VS):
-                return
-            f_lo, f_hi = _split_tiles(i_s, V, BV, VSF)
-            v_lo = tl.where(folding, f_lo, v_lo)
-            v_hi = tl.where(folding, f_hi, v_hi)
+        v_lo, v_hi, idle = _share_of_row(i_s, folding, V, BV, VS, VSF)
+        if idle:
+            return
+    else:
+        v_lo, v_hi = _split_tiles(i_s, V, BV, VS)
+    if FOLD:
         if folding:
             # The commit's fold, moved here: this launch reads the checkpoint tiles anyway. The
             # window's ring entries go to (org + wp + t) % RL, after the folded ones (wp + T <= RL).
@@ -293,16 +311,24 @@ def _gdn_decode_loop_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     BVF: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr, EVICT: tl.constexpr, UNROLL: tl.constexpr = 1,
     TREE: tl.constexpr = False, RT: tl.constexpr = False, ORDER: tl.constexpr = False, RAW_K: tl.constexpr = True,
-    NSTG: tl.constexpr = 2, VS: tl.constexpr = 1,
+    NSTG: tl.constexpr = 2, VS: tl.constexpr = 1, VSF0: tl.constexpr = 0,
 ):
     """Decode plan 5 (module docstring). With `VS` programs per (row, value head) each walks its
-    share of the tiles (flush rows too); the first writes the token's gates and keys."""
-    i_n, i_hv, i_s = _split_pid(HV, VS)
+    share of the tiles; the first writes the token's gates and keys. A flush row has `VSF0` programs
+    per value head instead when given (> 0; the grid has the larger number, and a row's programs
+    past its own number exit at once)."""
+    VSF: tl.constexpr = VSF0 if VSF0 > 0 else VS
+    VSG: tl.constexpr = VS if VS > VSF else VSF
+    i_n, i_hv, i_s = _split_pid(HV, VSG)
     i_h = i_hv // (HV // H)
     if ORDER:
         i_n = tl.load(row_order + i_n)  # scheduling only (cursors.decode_row_order)
     slot = tl.load(slot_idx + i_n).to(tl.int64)
     if slot < 0:
+        return
+    flush = tl.load(row_flush + i_n) != 0
+    v_lo, v_hi, idle = _share_of_row(i_s, flush, V, BV, VS, VSF)
+    if idle:
         return
     wp = tl.load(row_wp + i_n)
     org = tl.load(origin + slot)
@@ -312,8 +338,7 @@ def _gdn_decode_loop_kernel(
     p_rv = ring_rawv + slot * stride_rawv_slot + i_hv * RL * V
     p_v = v + i_n * stride_v_row + i_hv * V
     p_o = o + (i_n * HV + i_hv) * V
-    v_lo, v_hi = _split_tiles(i_s, V, BV, VS)
-    if tl.load(row_flush + i_n) != 0:
+    if flush:
         # The exact path (decode plan 3's flush rows), BV value rows at a time.
         for i_v in range(v_lo, v_hi):
             gdn_decode_flush(p_h, p_v, p_o, q + i_n * stride_q_row + i_h * K, k + i_n * stride_k_row + i_h * K,
