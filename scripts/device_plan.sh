@@ -44,6 +44,8 @@
 #                  often), default plans                                                     [.site]
 #   gdn_vfold      the GDN verify's own fold (session 31, gdn_verify_fold, never on a GPU): its GPU tests,
 #                  then the benchmark at 256/64/8/1 with the default plans (spec_vfold_*_us)  [.site]
+#   gdn_dflush     GDN decode plan 5 with a flush split (session 31, never on a GPU): the plan-5 decode
+#                  tests, then the benchmark at 256/128/64 beside plan 3 and plan 5 split 2       [.site]
 #   gdn_small      GDN spec below batch 64: the one-launch commit (cursor move inside the fold): tests
 #                  with it on, bench 64/32/8/1 timing the commit both ways               [.whl]
 #   gdn_sweep      GDN launch plans and the exact replay's unroll depths vs SGLang's kernels  [.whl]
@@ -370,6 +372,19 @@ step_gdn_vfold() {
     bash scripts/device_kernels.sh bench
 }
 
+step_gdn_dflush() {
+  # Session 31: decode plan 5 with its flush rows on 8 programs per value head (one 16-row tile each,
+  # plan 3's flush parallelism) and the rest on 1 or 2 (plan 5's prologue once per value head):
+  # gdn_plan4's question narrowed to the candidates for issue 2's decode target (1.7x; run 15: plan 3
+  # 188.1 us staggered, 1.58x). The plan-5 decode tests, then the benchmark (staggered and
+  # synchronised rows, each plan checked bit-exact on the GPU first) at 256 and 128.
+  local d="$OUT/gdn_dflush"
+  run env OUT="$d" GDNTESTS_TIMEOUT=150 GDNTESTS_K="plan5 or loop_split_config" bash scripts/device_kernels.sh gdntests
+  run env OUT="$d" BENCH_TIMEOUT=$(( $(left) - 15 )) BENCH_ARGS="--family gdn --batches 256,128,64 --reps 12 \
+--gdn-decode-plans 3x16x1x3x8x0x1,5x16x1x2x8x0x1x2,5x16x1x2x8x0x1x1x8,5x16x1x2x8x0x1x2x8 --gdn-verify-plans 16x1x2x6" \
+    bash scripts/device_kernels.sh bench
+}
+
 step_gdn_small() {
   # GDN spec below batch 64 (run 10: verify + commit 0.75x of stock at batch 1, 0.87x at 8). Session
   # 20 made the narrow fold the default below 33 rows (run 12) and prepared the one-launch commit
@@ -600,7 +615,7 @@ step_aime() {
     --time-budget $(( $(left) - 30 ))
 }
 
-STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_order gdn_pdl gdn_prep gdn_plan4 gdn_vloop gdn_vsmall gdn_vtiers gdn_ring32 gdn_vfold gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
+STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_order gdn_pdl gdn_prep gdn_plan4 gdn_vloop gdn_vsmall gdn_vtiers gdn_ring32 gdn_vfold gdn_dflush gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
 [ $# -gt 0 ] || { echo "usage: $0 STEP [STEP ...]; steps: ${STEPS[*]}" >&2; exit 2; }
 for s in "$@"; do
   [[ " ${STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s; steps: ${STEPS[*]}" >&2; exit 2; }

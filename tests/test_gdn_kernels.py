@@ -299,6 +299,9 @@ def test_gdn_verify_folds_in_its_launch(plan, commit_launches, fold_split, devic
         h.set_state(S0)
         S_base, S_ref = S0.clone(), S0.double()
         slots = h.slot_idx.long()
+        # On the GPU a 2-warp launch folds only in the tree form (K = 128): at K = 32 the plain form
+        # would follow one warp's lanes, so the launcher leaves the fold to the commit there.
+        folds = plan[1] == 1 or device == "cpu"
         verify_folds = 0
         for step in range(10):
             q, k, v, a, b = _inputs(B, T_max, H, HV, K, V, bf16, device, gen)
@@ -307,16 +310,17 @@ def test_gdn_verify_folds_in_its_launch(plan, commit_launches, fold_split, devic
             o_base = _baseline(S_base.clone(), q, k, v, a, b, A_log, dt_bias, update=False)
             o_ref, _ = gdn_recurrent_ref(q, k, v, a, b, A_log, dt_bias, S_ref)
             assert_within_baseline(f"step {step}", o, o_base, o_ref, bf16)
-            expect = torch.where(wp + 2 * T_max > L, wp, torch.zeros_like(wp))
+            expect = torch.where((wp + 2 * T_max > L) & folds, wp, torch.zeros_like(wp))
             assert h.vfold[slots].tolist() == expect.tolist(), f"step {step}"
             verify_folds += int((expect > 0).sum())
             acc = torch.randint(1, T_max + 1, (B,), generator=gen).to(device).int()
             h.commit(acc)
-            assert h.pending().tolist() == (wp - expect + acc).tolist(), f"step {step}: the commit folded"
+            n = wp - expect + acc
+            assert h.pending().tolist() == torch.where(n + T_max > L, 0, n).tolist(), f"step {step}"
             assert not bool(h.vfold.any()), "the commit clears vfold"
             _advance_rows(S_base, S_ref, acc.cpu(), q, k, v, a, b, A_log, dt_bias)
             assert torch.equal(h.state(), S_base), f"state differs from SGLang's kernel after commit {step}"
-        assert verify_folds >= B, "every row must fold in a verify at least once"
+        assert verify_folds >= B or not folds, "every row must fold in a verify at least once"
 
 
 @pytest.mark.parametrize("case,plan", [
@@ -435,6 +439,38 @@ def test_commit_with_vfold_is_the_commit_after_that_fold(device):
     v[slot[0].long()] = 3
     reset_cursors(slot.to(device), wpos.clone().to(device), origin.clone().to(device), v)
     assert v.cpu().tolist() == vf_after.tolist()
+
+
+def test_gdn_decode_config_by_batch(monkeypatch, device, assert_within_baseline):
+    """The decode's default plan by batch: plan 3 below `gdn_decode_large_from` (128) rows, plan 5 with
+    the flush rows on 8 programs from there (0 = never); a `gdn_decode` override at every batch. The
+    launch follows it: with the threshold at 2 rows, a 3-row decode runs the large-batch plan with its
+    committed state bit-exact through flushes."""
+    from replayssm_kernels import configs
+    from replayssm_kernels.configs import gdn_decode_config, override
+
+    monkeypatch.setattr(configs, "_OVERRIDES", {})
+    assert gdn_decode_config(128, 128).key() == gdn_decode_config(128, 128, rows=127).key() == "3x16x1x3x8x0x1"
+    assert gdn_decode_config(128, 128, rows=128).key() == "5x16x1x2x8x0x1x1x8"
+    with override("gdn_decode_large_from", (0,)):
+        assert gdn_decode_config(128, 128, rows=4096).split == 3
+    with override("gdn_decode", (4, 16, 1, 3, 8, 0, 1)):
+        assert gdn_decode_config(128, 128, rows=256).split == 4
+    assert "gdn_decode_large_from=128 " in configs.describe()
+    seen = []
+    real = configs.gdn_decode_config
+
+    def spy(K, V, rows=None):
+        cfg = real(K, V, rows=rows)
+        seen.append((rows, cfg.split))
+        return cfg
+
+    import replayssm_kernels.gdn.decode as dec
+
+    monkeypatch.setattr(dec, "gdn_decode_config", spy)
+    with override("gdn_decode_large_from", (2,)):
+        test_gdn_decode(3, 1, 2, 48, 40, 4, bf16, 9, device, assert_within_baseline)
+    assert seen and all(split == 5 for rows, split in seen if rows >= 2), seen
 
 
 def test_gdn_loop_split_config(monkeypatch):

@@ -26,7 +26,8 @@ _OVERRIDE_ARITY = {"gdn_decode": (7, 8, 9), "gdn_verify": (3, 4, 5), "gdn_verify
                    "gdn_state_dot": (1, 2), "gdn_fold_narrow_below": (1,),
                    "gdn_commit_fused_below": (1,), "gdn_flush_spread": (1,),
                    "gdn_flush_phase": (1,), "gdn_pdl": (1,), "gdn_verify_maxnreg": (1,),
-                   "gdn_verify_fold": (1,), "gdn_verify_fold_split": (1,)}
+                   "gdn_verify_fold": (1,), "gdn_verify_fold_split": (1,),
+                   "gdn_decode_large_from": (1,)}
 
 
 def parse_plan(name: str, text: str) -> tuple[int, ...] | None:
@@ -58,7 +59,10 @@ def describe() -> str:
     """One line per tunable: the launch plans and dispatch thresholds in effect."""
     m2_plan = mamba2_decode_plan()
     return "\n".join([
-        "gdn_decode=" + gdn_decode_config(128, 128).key(),
+        "gdn_decode=" + gdn_decode_config(128, 128).key() + " (from gdn_decode_large_from rows: "
+        + gdn_decode_config(128, 128, rows=max(1, gdn_decode_large_from())).key() + ")",
+        f"gdn_decode_large_from={gdn_decode_large_from()} (GDN decode: the batch from which its large-batch plan "
+        "runs; 0 = never)",
         "gdn_verify=" + "x".join(map(str, gdn_verify_plan(None))) + " (from gdn_verify_large_from rows; "
         "from gdn_verify_wide_from: " + "x".join(map(str, gdn_verify_plan(gdn_verify_wide_from())))
         + "; below: " + "x".join(map(str, gdn_verify_plan(1))) + ")",
@@ -235,7 +239,26 @@ _GDN_DECODE_DEFAULT = GDNDecodeConfig(split=3, block_v=16, num_warps=1, num_stag
                                       use_dot=False, evict_first=True)
 
 
-def gdn_decode_config(K: int, V: int) -> GDNDecodeConfig:
+# From _GDN_DECODE_LARGE_FROM rows: decode plan 5 with its flush rows on 8 programs per value head
+# (one 16-row tile each) and the rest on one (session 31, H100, 2026-12-05, docs/perf.md run 16:
+# staggered 228.7 / 440.5 us at batch 256 against plan 3's 237.5 / 461.1, HV 32 / 64; 122.3 / 225.8
+# against 130.6 / 238.8 at 128; synchronised too; every plan checked bit-exact on the GPU first).
+# Below 128 rows not timed: plan 3 stays. Override: gdn_decode_large_from=N (0 = never).
+_GDN_DECODE_LARGE = GDNDecodeConfig(split=5, block_v=16, num_warps=1, num_stages=2, flush_cols=8,
+                                    use_dot=False, evict_first=True, loop_split=1, flush_split=8)
+_GDN_DECODE_LARGE_FROM = 128
+
+
+def gdn_decode_large_from() -> int:
+    return _OVERRIDES.get("gdn_decode_large_from", (_GDN_DECODE_LARGE_FROM,))[0]
+
+
+def gdn_decode_config(K: int, V: int, rows: Optional[int] = None) -> GDNDecodeConfig:
+    """The GDN decode plan for a launch of `rows` rows (None: below gdn_decode_large_from); the
+    `gdn_decode` override at every batch."""
+    if "gdn_decode" not in _OVERRIDES:
+        large = gdn_decode_large_from()
+        return _GDN_DECODE_LARGE if rows is not None and large and rows >= large else _GDN_DECODE_DEFAULT
     if "gdn_decode" in _OVERRIDES:
         split, bv, warps, stages, fcols, dot, evict, *ls = _OVERRIDES["gdn_decode"]
         loop_split = int(ls[0]) if ls else 1

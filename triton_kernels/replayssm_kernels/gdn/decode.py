@@ -245,7 +245,7 @@ def gdn_replay_decode(
         return out
     BK = triton.next_power_of_2(K)
     RL = rings.ring_len
-    cfg = gdn_decode_config(K, V)
+    cfg = gdn_decode_config(K, V, rows=B)
     bv_exact = min(triton.next_power_of_2(V), _BV_EXACT)
     bvf = min(cfg.flush_cols, bv_exact)
     args = (
