@@ -407,7 +407,7 @@ class ReplaySSMMambaPool(MambaPool):
             from replayssm_kernels.gdn.fold import gdn_commit
 
             gdn_commit(temporal, rings, slots, self.replayssm_wpos, self.replayssm_origin, num_accepted,
-                       max_draft_tokens, self.replayssm_tickets, vfold=self.replayssm_vfold)
+                       max_draft_tokens, self.replayssm_tickets, vfold=self.replayssm_commit_vfold)
             return
         n_fold, origin = commit_prepare(slots, self.replayssm_wpos, self.replayssm_origin, num_accepted,
                                         self.replayssm_ring_len, max_draft_tokens, vfold=self.replayssm_commit_vfold)
@@ -415,8 +415,12 @@ class ReplaySSMMambaPool(MambaPool):
 
     @property
     def replayssm_commit_vfold(self) -> Optional[torch.Tensor]:
-        """The `vfold` buffer the commit reads (the GDN verify writes it; Mamba-2 verifies never fold)."""
-        return self.replayssm_vfold if self.replayssm_family == "gdn" else None
+        """The `vfold` buffer the commit reads: only while a GDN verify may write it
+        (`configs.gdn_verify_fold`, read when the verify and the commit are launched or captured);
+        otherwise None, and the commit launch is the one without it."""
+        from replayssm_kernels.configs import gdn_verify_fold
+
+        return self.replayssm_vfold if self.replayssm_family == "gdn" and gdn_verify_fold() else None
 
     def set_replayssm_fold(self, fn: FoldFn) -> None:
         """Register the exact fold used by `copy_from`:

@@ -240,6 +240,12 @@ def test_pool_allocates_what_the_solver_charges(models, published, name, draft):
     cursors = (pool.replayssm_wpos.numel() + pool.replayssm_origin.numel() + pool.replayssm_tickets.numel()
                + pool.replayssm_vfold.numel()) * 4
     assert cursors == S * sizes["cursors"]
+    # The commit reads the verify's fold counts only while a GDN verify may write them.
+    from replayssm_kernels.configs import override
+
+    assert pool.replayssm_commit_vfold is None
+    with override("gdn_verify_fold", (1,)):
+        assert (pool.replayssm_commit_vfold is pool.replayssm_vfold) == (name == "qwen3_next")
     if draft is not None:
         assert pool.mamba_cache.intermediate_ssm is None
 
