@@ -439,6 +439,20 @@ def test_commit_with_vfold_is_the_commit_after_that_fold(device):
     v[slot[0].long()] = 3
     reset_cursors(slot.to(device), wpos.clone().to(device), origin.clone().to(device), v)
     assert v.cpu().tolist() == vf_after.tolist()
+    # A vfold of the wrong dtype or length is refused by every launch that reads it.
+    from replayssm_kernels.gdn import gdn_replay_fold
+
+    bad = (vf.to(device=device, dtype=torch.int64), vf[:-1].to(device))
+    for b in bad:
+        with pytest.raises(ValueError, match="vfold"):
+            commit_prepare(slot.to(device), wpos.clone().to(device), origin.clone().to(device), acc.to(device), L, T,
+                           vfold=b)
+        with pytest.raises(ValueError, match="vfold"):
+            gdn_commit(state0.clone(), rings, slot.to(device), wpos.clone().to(device), origin.clone().to(device),
+                       acc.to(device), T, tickets, vfold=b)
+    with pytest.raises(ValueError, match="vfold goes with commit"):
+        gdn_replay_fold(state0.clone(), rings, slot.to(device), torch.zeros(B, dtype=torch.int32, device=device),
+                        torch.zeros(B, dtype=torch.int32, device=device), vfold=vf.to(device))
 
 
 def test_gdn_decode_config_by_batch(monkeypatch, device, assert_within_baseline):

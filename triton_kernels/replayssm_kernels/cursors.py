@@ -231,6 +231,13 @@ def commit_in_fold(wpos, origin, num_accepted, tickets, i_n, slot, n_programs, R
     return b_nfold, b_org
 
 
+def check_vfold(vfold: Optional[torch.Tensor], wpos: torch.Tensor) -> None:
+    """Raise unless `vfold` is None or the `[S]` int32 buffer of the verify's own fold, shaped like
+    the cursors `wpos` (the one check of `gdn_replay_verify`, the commit and `gdn_replay_fold`)."""
+    if vfold is not None and (vfold.dtype != torch.int32 or vfold.shape != wpos.shape):
+        raise ValueError(f"vfold must be int32 {tuple(wpos.shape)}, got {vfold.dtype} {tuple(vfold.shape)}")
+
+
 def _launch_commit(slot_idx, wpos, origin, num_accepted, ring_len, max_draft_tokens, row_nfold, row_origin,
                    fold_window=None, track=None, chain=None, vfold=None) -> None:
     """The one commit launch behind `commit_prepare`, `commit_prepare_tracked` and
@@ -238,8 +245,7 @@ def _launch_commit(slot_idx, wpos, origin, num_accepted, ring_len, max_draft_tok
     snap_slot)`; `chain`: None or `(seq_lens, track_interval, last_step, track_steps)` (then
     `track`'s `track_steps` is the output `chain` names); `vfold`: None or the `[S]` int32 counts
     the verify folded (`commit_prepare`)."""
-    if vfold is not None and (vfold.dtype != torch.int32 or vfold.shape != wpos.shape):
-        raise ValueError(f"vfold must be int32 {tuple(wpos.shape)}, got {vfold.dtype} {tuple(vfold.shape)}")
+    check_vfold(vfold, wpos)
     assert wpos.dtype == torch.int32 and origin.dtype == torch.int32
     if ring_len < max_draft_tokens:
         raise ValueError(

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ..configs import gdn_commit_fused_below, gdn_fold_block_v, gdn_fold_cols, gdn_k_tree, gdn_replay_unroll
-from ..cursors import commit_in_fold, commit_prepare, load_fold_plan
+from ..cursors import check_vfold, commit_in_fold, commit_prepare, load_fold_plan
 from .common import gdn_k_offsets, gdn_replay, gdn_state_offsets, gdn_tile_ids
 from .rings import GDNRings, check_gdn_rings
 
@@ -150,8 +150,10 @@ def gdn_replay_fold(
             raise ValueError("dst must be [Lm, S', HV, V, K] with contiguous inner dims, and dst_idx given")
     if commit is not None and (cursors is None or has_dst or has_snap):
         raise ValueError("commit needs cursors and cannot be combined with dst or snap_at")
-    if vfold is not None and (commit is None or vfold.dtype != torch.int32 or vfold.shape != cursors[0].shape):
-        raise ValueError("vfold goes with commit, as an int32 tensor shaped like the cursors")
+    if vfold is not None:
+        if commit is None:
+            raise ValueError("vfold goes with commit (the cursor move reads and clears it)")
+        check_vfold(vfold, cursors[0])
     tree = gdn_k_tree(K)
     ring_key = rings.replay_keys(tree)  # refuses the plain form on rings without raw keys
     B = slot_idx.shape[0]

@@ -27,6 +27,7 @@ import triton.language as tl
 from ..configs import (GDN_K_FORMS, gdn_fold_cols, gdn_history_rt, gdn_k_tree, gdn_pdl, gdn_prep_plan,
                        gdn_replay_unroll, gdn_state_dot, gdn_state_kc, gdn_verify_config, gdn_verify_fold,
                        gdn_verify_fold_split, gdn_verify_loop_split, gdn_verify_maxnreg, interpreted)
+from ..cursors import check_vfold
 from .common import gdn_gate, gdn_l2norm, gdn_l2norm_vec, gdn_tile_ids
 from .verify_mm import _gdn_verify_mm_kernel
 from .verify_loop import _gdn_verify_fused_kernel, _gdn_verify_state_loop_kernel, loop_programs
@@ -273,8 +274,7 @@ def gdn_replay_verify(
     BT = triton.next_power_of_2(T)
     RL = rings.ring_len
     RLB = triton.next_power_of_2(RL)
-    if vfold is not None and (vfold.dtype != torch.int32 or vfold.shape != wpos.shape):
-        raise ValueError(f"vfold must be int32 {tuple(wpos.shape)}, got {vfold.dtype} {tuple(vfold.shape)}")
+    check_vfold(vfold, wpos)
     if use_dot in (4, 5, 6) and T <= 16:
         fold = None
         if vfold is not None and use_dot == 6 and gdn_verify_fold():
