@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End-to-end parity on the lent H200: stock SGLang (--mamba-backend triton) vs ours
-# (--mamba-backend replayssm) for {qwen3_next, nemotron_h} x {no spec, NEXTN}, with
+# (--mamba-backend replayssm) for {qwen3_next, qwen3_5, nemotron_h} x {no spec, NEXTN}, with
 # scripts/e2e_parity.py (one process per case; cases run concurrently on the one GPU).
 #
 # One call with carry [".site"] (scripts/device_site_pack.sh packs both wheel folders as one
@@ -9,7 +9,12 @@
 # ~30 s after a call; see /work/shared/devtools/README.md):
 #   call 1, carry [".whl"]:            bash scripts/device_e2e.sh install
 #   call 2, carry [".whl2", ".tiny"]:  bash scripts/device_e2e.sh run [CASE ...]
-# CASE: qwen3_next | qwen3_next:nextn | nemotron_h | nemotron_h:nextn (default: all four); a
+# CASE: qwen3_next | qwen3_next:nextn | qwen3_5 | qwen3_5:nextn | nemotron_h | nemotron_h:nextn
+# (default: the qwen3_next and nemotron_h four). qwen3_5 is a text-only Qwen3.5 checkpoint
+# (Qwen3_5ForCausalLM, dense MLP, NEXTN through Qwen3_5ForCausalLMMTP). SGLang 0.5.17 leaves its
+# radix-cache strategy unresolved (the arch is missing from its mamba radix-cache arch sets), so
+# e2e_parity.py gives both servers --disable-radix-cache, or with :radix the extra_buffer strategy
+# SGLang picks for Qwen3-Next (:nobuffer chooses no_buffer itself). A
 # `:ring` suffix (e.g. qwen3_next:ring, qwen3_next:nextn:ring) runs our server with
 # REPLAYSSM_CONFIG=gdn_ring_min_batch=1, i.e. the GDN ring decode at every batch size (by default
 # GDN decode batches below 256 rows run SGLang's kernel on folded checkpoints). Further modifiers,
@@ -51,7 +56,8 @@
 #   E2E_DRIVER_FLAGS extra e2e_parity.py flags (e.g. "--issm-check allocated --max-logprob-diff 0.1")
 #   E2E_PREFILL_GRAPH=1  keep prefill CUDA graphs (default: --disable-prefill-cuda-graph; their
 #                        capture alone took ~100 s on the H200)
-#   TINY_QWEN_FLAGS / TINY_NEMOTRON_FLAGS  make_tiny_model.py flags for on-device builds
+#   TINY_QWEN_FLAGS / TINY_QWEN35_FLAGS / TINY_NEMOTRON_FLAGS  make_tiny_model.py flags for
+#                    on-device builds (qwen3_next / qwen3_5 / nemotron_h)
 set -uo pipefail
 
 T0=$(date +%s)
@@ -152,6 +158,7 @@ build_or_find_model() {  # build_or_find_model PRESET -> prints the checkpoint d
   if [ -f "$dst/config.json" ]; then echo "$dst"; return 0; fi
   case $preset in
     qwen3_next) flags=${TINY_QWEN_FLAGS:---mixer-out-scale 300 --accept-rate-knob 0.3} ;;
+    qwen3_5) flags=${TINY_QWEN35_FLAGS:---mixer-out-scale 300 --accept-rate-knob 0.3} ;;
     nemotron_h) flags=${TINY_NEMOTRON_FLAGS:---mixer-out-scale 10 --accept-rate-knob 0.3} ;;
   esac
   # shellcheck disable=SC2086
@@ -180,7 +187,7 @@ do_run() {
   local c preset
   for c in "${cases[@]}"; do
     preset=${c%%:*}
-    case $preset in qwen3_next|nemotron_h) ;; *) die "unknown case $c" ;; esac
+    case $preset in qwen3_next|qwen3_5|nemotron_h) ;; *) die "unknown case $c" ;; esac
     local mod
     for mod in $(tr ':' ' ' <<<"${c#"$preset"}"); do
       case $mod in nextn|ring|radix|nobuffer|retract|mixed) ;; *) die "unknown case modifier :$mod in $c" ;; esac

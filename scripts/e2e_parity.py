@@ -22,6 +22,9 @@ Examples:
   python3 scripts/e2e_parity.py --model .tiny/qwen3_next --out /tmp/e2e/qn
   python3 scripts/e2e_parity.py --model .tiny/nemotron_h --spec --out /tmp/e2e/nh_spec
   python3 scripts/e2e_parity.py --model .tiny/qwen3_next --only stock --out /tmp/e2e/qn_stock
+  python3 scripts/e2e_parity.py --model .tiny/qwen3_5 --spec --out /tmp/e2e/q35_spec
+(text-only Qwen3.5 gets --disable-radix-cache on both servers, or with --radix-waves
+--mamba-radix-cache-strategy extra_buffer, unless --extra-args chooses: see radix_cache_args)
 Exit status: 0 when every check passed, 1 when one failed, 2 on a usage error.
 """
 
@@ -58,6 +61,13 @@ DEFAULT_ATTENTION = {"nemotron_h": "flashinfer"}  # SGLang rejects triton for Ne
 DEFAULT_MOE_RUNNER = {"nemotron_h": "triton"}  # avoids flashinfer_cutlass JIT (devtools README)
 FALLBACK_ATTENTION = "triton"
 NUM_SPECIAL_TOKENS = 5  # make_tiny_model.py: ids 0..4 are specials
+# Text-only Qwen3.5 (Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM) is missing from SGLang 0.5.17's
+# hybrid-mamba radix-cache arch sets (arg_groups/overrides.py: _MAMBA_RADIX_CACHE_ARCHS,
+# _MAMBA_EXTRA_BUFFER_ARCHS), so ServerArgs never resolves its --mamba-radix-cache-strategy: with
+# the radix cache on it runs without the extra buffer (the no_buffer path) and keeps the overlap
+# scheduler, a pair that SGLang's own check refuses for every arch it does resolve ("no_buffer do
+# not support overlap schedule"). radix_cache_args() picks a supported setting for both servers.
+UNRESOLVED_RADIX_KINDS = ("qwen3_5_text", "qwen3_5_moe_text")
 
 # ----------------------------------------------------------------------------------------------
 # Pure helpers (tested on CPU)
@@ -104,12 +114,31 @@ def cached_tokens(log_text: str) -> int:
 
 
 def model_kind(config: dict) -> str:
-    """'qwen3_next', 'nemotron_h', ... from a config.json dict (model_type, else architecture)."""
+    """'qwen3_next', 'qwen3_5_text', 'nemotron_h', ... from a config.json dict (model_type, else
+    architecture)."""
     mt = config.get("model_type")
     if mt:
         return mt
     arch = (config.get("architectures") or [""])[0]
-    return {"Qwen3NextForCausalLM": "qwen3_next", "NemotronHForCausalLM": "nemotron_h"}.get(arch, arch)
+    return {"Qwen3NextForCausalLM": "qwen3_next", "Qwen3_5ForCausalLM": "qwen3_5_text",
+            "NemotronHForCausalLM": "nemotron_h"}.get(arch, arch)
+
+
+def radix_cache_args(kind: str, both_args: list[str], radix_waves: bool) -> list[str]:
+    """Flags both servers get for a model whose radix-cache strategy SGLang leaves unresolved
+    (UNRESOLVED_RADIX_KINDS); none for other models, or when `both_args` (the flags shared by
+    both servers) already choose (--disable-radix-cache, --mamba-radix-cache-strategy).
+    With radix waves: the extra_buffer strategy, which SGLang resolves for Qwen3-Next with the
+    overlap scheduler on; else --disable-radix-cache."""
+    if kind not in UNRESOLVED_RADIX_KINDS:
+        return []
+    chosen = any(a == "--disable-radix-cache" or a.split("=", 1)[0] == "--mamba-radix-cache-strategy"
+                 for a in both_args)
+    if chosen:
+        return []
+    if radix_waves:
+        return ["--mamba-radix-cache-strategy", "extra_buffer"]
+    return ["--disable-radix-cache"]
 
 
 def prompt_id_range(config: dict, tokenizer_size: int | None) -> tuple[int, int]:
@@ -717,12 +746,17 @@ def main(argv=None) -> int:
 
     signal.signal(signal.SIGTERM, lambda *x: (_cleanup(), sys.exit(143)))
     env = dict(os.environ)
+    both_args = shlex.split(a.extra_args)
+    radix_args = radix_cache_args(kind, both_args, a.radix_waves)
+    if radix_args:
+        print(f"[e2e] {kind}: SGLang 0.5.17 leaves its radix-cache strategy unresolved; both servers get "
+              f"{' '.join(radix_args)}", flush=True)
     sides_to_run = ["stock", "ours"] if a.only == "both" else [a.only]
     runs: dict[str, ServerRun] = {}
     try:
         for k, name in enumerate(sides_to_run):
             port = pick_port(a.port, a.host)
-            extra = shlex.split(a.extra_args) + shlex.split(a.stock_extra_args if name == "stock" else a.ours_extra_args)
+            extra = both_args + radix_args + shlex.split(a.stock_extra_args if name == "stock" else a.ours_extra_args)
             cmd = build_server_cmd(
                 python=a.python,
                 model=str(model),
@@ -800,6 +834,7 @@ def main(argv=None) -> int:
         num_prompts=a.num_prompts,
         workload=dict(radix_waves=a.radix_waves, expect_retract=a.expect_retract,
                       compared_prompts=(comparison or {}).get("num_prompts")),
+        radix_cache_args=radix_args,
         max_new_tokens=a.max_new_tokens,
         new_tokens_spread=a.new_tokens_spread,
         seed=a.seed,

@@ -6,6 +6,9 @@ Presets (tiny, real per-head shapes, a few MB):
   qwen3_next  Qwen3NextForCausalLM (GDN): hidden 256, H_k=2, H_v=4, K=V=128, conv 4,
               4 layers = 3 GDN + 1 attention (full_attention_interval 4), MoE 8 experts top-2,
               one MTP layer (full attention + MoE).
+  qwen3_5     Qwen3_5ForCausalLM (text-only Qwen3.5, model_type qwen3_5_text, GDN): the same
+              layer and head shapes as qwen3_next with a dense MLP (intermediate 512), one MTP
+              layer (full attention + dense MLP; SGLang drafts with Qwen3_5ForCausalLMMTP).
   nemotron_h  NemotronHForCausalLM (Mamba-2): hidden 256, 8 heads x 64, state 128, n_groups 2,
               pattern MEM*E, MTP pattern *E.
 
@@ -32,6 +35,7 @@ estimated acceptance, mixer/residual norm ratio) go to ``tiny_model_info.json``.
 
 Usage:
   python scripts/make_tiny_model.py --preset qwen3_next --out .tiny/qwen3_next
+  python scripts/make_tiny_model.py --preset qwen3_5 --out .tiny/qwen3_5 --mixer-out-scale 300 --accept-rate-knob 0.3
   python scripts/make_tiny_model.py --preset nemotron_h --out .tiny/nemotron_h --accept-rate-knob 0.3
   python scripts/make_tiny_model.py --preset qwen3_next --shape qwen3-next-80b --no-weights --out /tmp/qn80
 """
@@ -80,6 +84,24 @@ PRESETS = {
         num_experts_per_tok=2,
         moe_intermediate_size=128,
         shared_expert_intermediate_size=128,
+        max_position_embeddings=4096,
+        rope_theta=10000.0,
+    ),
+    # Text-only Qwen3.5: SGLang builds a dense MLP for model_type qwen3_5_text (no MoE fields).
+    "qwen3_5": dict(
+        vocab_size=2048,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        full_attention_interval=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=256,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
         max_position_embeddings=4096,
         rope_theta=10000.0,
     ),
@@ -172,7 +194,10 @@ SHAPES = {
     ),
 }
 
-# Named override flags -> config field, per preset (anything else: --set key=value).
+# GDN presets (Qwen3-Next and Qwen3.5 naming: linear_attn mixers, Gemma norms, `mtp.fc`).
+QWEN_PRESETS = ("qwen3_next", "qwen3_5")
+
+# Named override flags -> config field as (Qwen, Nemotron-H) (anything else: --set key=value).
 FLAG_FIELDS = {
     "vocab_size": ("vocab_size", "vocab_size"),
     "hidden_size": ("hidden_size", "hidden_size"),
@@ -194,6 +219,8 @@ FLAG_FIELDS = {
     "shared_intermediate_size": ("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size"),
     "max_position_embeddings": ("max_position_embeddings", "max_position_embeddings"),
 }
+# The dense qwen3_5 preset has no experts: these flags are refused there.
+MOE_FLAGS = ("num_experts", "experts_per_tok", "moe_intermediate_size", "shared_intermediate_size")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -282,11 +309,11 @@ def resolve_fields(preset: str, shape: str | None, flags: dict, sets: dict) -> d
         if shape_preset != preset:
             raise ValueError(f"--shape {shape} is a {shape_preset} shape, not {preset}")
         fields.update(shape_fields)
-    col = 0 if preset == "qwen3_next" else 1
+    col = 0 if preset in QWEN_PRESETS else 1
     for flag, value in flags.items():
         if value is None:
             continue
-        key = FLAG_FIELDS[flag][col]
+        key = None if (preset == "qwen3_5" and flag in MOE_FLAGS) else FLAG_FIELDS[flag][col]
         if key is None:
             raise ValueError(f"--{flag.replace('_', '-')} does not apply to preset {preset}")
         fields[key] = value
@@ -303,25 +330,32 @@ def make_config(preset: str, fields: dict):
     """Return (transformers config, dict of keys to write into config.json afterwards)."""
     fields = dict(fields)
     common = dict(eos_token_id=EOS_ID, pad_token_id=PAD_ID, bos_token_id=None, tie_word_embeddings=False)
-    if preset == "qwen3_next":
-        from transformers import Qwen3NextConfig
-
+    if preset in QWEN_PRESETS:
         interval = int(fields.pop("full_attention_interval"))
         rope_theta = float(fields.pop("rope_theta"))
         n_layers = int(fields["num_hidden_layers"])
         layer_types = _qwen_layer_types(n_layers, interval)
         if "linear_attention" not in layer_types:
-            raise ValueError("qwen3_next needs at least one GDN layer")
+            raise ValueError(f"{preset} needs at least one GDN layer")
         if fields["linear_num_value_heads"] % fields["linear_num_key_heads"]:
             raise ValueError("linear_num_value_heads must be a multiple of linear_num_key_heads")
-        cfg = Qwen3NextConfig(
-            layer_types=layer_types,
-            rope_parameters={"rope_type": "default", "rope_theta": rope_theta, "partial_rotary_factor": 0.25},
-            decoder_sparse_step=1,
-            mlp_only_layers=[],
-            **common,
-            **fields,
-        )
+        # No mrope_section: SGLang's text-only Qwen3.5 wrapper would then read mrope positions.
+        rope = {"rope_type": "default", "rope_theta": rope_theta, "partial_rotary_factor": 0.25}
+        if preset == "qwen3_next":
+            from transformers import Qwen3NextConfig
+
+            cfg = Qwen3NextConfig(
+                layer_types=layer_types,
+                rope_parameters=rope,
+                decoder_sparse_step=1,
+                mlp_only_layers=[],
+                **common,
+                **fields,
+            )
+        else:
+            from transformers import Qwen3_5TextConfig
+
+            cfg = Qwen3_5TextConfig(layer_types=layer_types, rope_parameters=rope, **common, **fields)
         patch = {
             "full_attention_interval": interval,
             "rope_theta": rope_theta,
@@ -331,6 +365,10 @@ def make_config(preset: str, fields: dict):
             "mtp_use_dedicated_embeddings": False,
             "dtype": "bfloat16",
         }
+        if preset == "qwen3_5":
+            # SGLang's Qwen3.5 attention reads the top-level field (its config class defaults it
+            # to 0.25); transformers keeps it in rope_parameters. Write both, equal.
+            patch["partial_rotary_factor"] = rope["partial_rotary_factor"]
         return cfg, patch
     if preset == "nemotron_h":
         from transformers import NemotronHConfig
@@ -389,7 +427,7 @@ NEMOTRON_DROP = ("layers_block_type", "mtp_layers_block_type", "time_step_limit"
 
 
 def _final_norm(model, preset):
-    return model.model.norm if preset == "qwen3_next" else model.model.norm_f
+    return model.model.norm if preset in QWEN_PRESETS else model.model.norm_f
 
 
 def _embedding(model):
@@ -401,7 +439,7 @@ def _mixers(model, preset):
     layers = model.model.layers
     out = []
     for i, layer in enumerate(layers):
-        if preset == "qwen3_next":
+        if preset in QWEN_PRESETS:
             if hasattr(layer, "linear_attn"):  # GDN layers only
                 out.append((f"layers.{i}.linear_attn", layer.linear_attn))
         else:
@@ -457,7 +495,9 @@ def make_mtp_tensors(preset: str, target: dict, cfg_json: dict, w: float, gen) -
         return (torch.randn(t.shape, generator=gen) * 0.02).to(t.dtype)
 
     out = {}
-    if preset == "qwen3_next":
+    if preset in QWEN_PRESETS:
+        # The attention layer's own tensors (self_attn.*, norms, and the MLP: MoE for qwen3_next,
+        # dense gate/up/down for qwen3_5) are the MTP layer's templates.
         interval = cfg_json["full_attention_interval"]
         attn_idx = interval - 1
         prefix = f"model.layers.{attn_idx}."
@@ -767,7 +807,7 @@ def build(
     target = load_file(str(st))
     if preset == "nemotron_h" and "backbone.embedding.weight" in target:
         target["backbone.embeddings.weight"] = target.pop("backbone.embedding.weight")
-    has_mtp = preset == "qwen3_next" or bool(cfg_json.get("mtp_hybrid_override_pattern"))
+    has_mtp = preset in QWEN_PRESETS or bool(cfg_json.get("mtp_hybrid_override_pattern"))
     if has_mtp:
         if w is None:  # plain random MTP: a random fc/eh_proj
             mix_w = None
@@ -775,7 +815,7 @@ def build(
             mix_w = w
         mtp = make_mtp_tensors(preset, target, cfg_json, 0.0 if mix_w is None else mix_w, gen)
         if mix_w is None:
-            key = "mtp.fc.weight" if preset == "qwen3_next" else "mtp.layers.0.eh_proj.weight"
+            key = "mtp.fc.weight" if preset in QWEN_PRESETS else "mtp.layers.0.eh_proj.weight"
             mtp[key] = (torch.randn(mtp[key].shape, generator=gen) * 0.02).to(mtp[key].dtype)
         clash = set(mtp) & set(target)
         assert not clash, clash

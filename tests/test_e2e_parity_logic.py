@@ -467,6 +467,38 @@ def test_script_radix_waves_and_retraction(fake):
     assert_all_stopped(fake["pidfile"])
 
 
+def test_radix_cache_args_for_unresolved_archs():
+    # Text-only Qwen3.5: SGLang 0.5.17 leaves the strategy unresolved (tests/test_tiny_qwen3_5.py).
+    assert e2e.model_kind({"architectures": ["Qwen3_5ForCausalLM"]}) == "qwen3_5_text"
+    for kind in ("qwen3_5_text", "qwen3_5_moe_text"):
+        assert e2e.radix_cache_args(kind, [], False) == ["--disable-radix-cache"]
+        assert e2e.radix_cache_args(kind, ["--max-total-tokens", "6000"], True) == [
+            "--mamba-radix-cache-strategy", "extra_buffer"]
+        for chosen in (["--disable-radix-cache"], ["--mamba-radix-cache-strategy", "no_buffer"],
+                       ["--mamba-radix-cache-strategy=no_buffer", "--disable-overlap-schedule"]):
+            assert e2e.radix_cache_args(kind, chosen, False) == e2e.radix_cache_args(kind, chosen, True) == []
+    for kind in ("qwen3_next", "nemotron_h", "qwen3_5"):  # resolved by SGLang (qwen3_5: the VLM config)
+        assert e2e.radix_cache_args(kind, [], True) == e2e.radix_cache_args(kind, [], False) == []
+
+
+def test_script_qwen3_5_text_radix_flags_reach_both_servers(fake):
+    cfg = {"model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"], "vocab_size": 2048}
+    with open(fake["model"] + "/config.json", "w") as f:
+        json.dump(cfg, f)
+    rc, res = _run(fake, "--spec", n=4)
+    assert rc == 0, res["checks"]
+    assert res["kind"] == "qwen3_5_text" and res["attention_backend"] == "triton"
+    assert res["radix_cache_args"] == ["--disable-radix-cache"]
+    for side in ("stock", "ours"):
+        assert res["sides"][side]["cmd"].count("--disable-radix-cache") == 1, side
+    rc, res = _run(fake, "--radix-waves", n=4)
+    assert rc == 0, res["checks"]
+    for side in ("stock", "ours"):
+        cmd = " ".join(res["sides"][side]["cmd"])
+        assert "--mamba-radix-cache-strategy extra_buffer" in cmd and "--disable-radix-cache" not in cmd, side
+    assert_all_stopped(fake["pidfile"])
+
+
 def test_script_radix_and_retraction_checks_fail(fake, monkeypatch):
     monkeypatch.setenv("FAKE_OURS_NO_RADIX", "1")
     monkeypatch.setenv("FAKE_OURS_NO_RETRACT", "1")

@@ -17,7 +17,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 mtm = load_script("make_tiny_model")
 
 # (preset, mixer_out_scale, knob): knob 0.3 exercises the calibration path.
-BUILDS = {"qwen3_next": (300.0, 0.3), "nemotron_h": (10.0, 0.3)}
+BUILDS = {"qwen3_next": (300.0, 0.3), "qwen3_5": (300.0, 0.3), "nemotron_h": (10.0, 0.3)}
+QWEN = ("qwen3_next", "qwen3_5")  # GDN presets: Qwen naming (model.*, mtp.fc, Gemma norms)
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +46,19 @@ def test_files_and_config_fixes(built):
         gen = json.loads((d / "generation_config.json").read_text())
         assert cfg["eos_token_id"] == 2 and gen["eos_token_id"] == 2 and cfg["pad_token_id"] == 0
         assert cfg["tie_word_embeddings"] is False
-        if preset == "qwen3_next":
-            assert cfg["architectures"] == ["Qwen3NextForCausalLM"]
+        if preset in QWEN:
+            arch, model_type = {"qwen3_next": ("Qwen3NextForCausalLM", "qwen3_next"),
+                                "qwen3_5": ("Qwen3_5ForCausalLM", "qwen3_5_text")}[preset]
+            assert cfg["architectures"] == [arch] and cfg["model_type"] == model_type
             assert cfg["full_attention_interval"] == 4
             assert cfg["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
             assert cfg["rope_theta"] == cfg["rope_parameters"]["rope_theta"]
             assert cfg["mtp_num_hidden_layers"] == 1
+            # No mrope_section: SGLang's text-only Qwen3.5 wrapper would switch to mrope positions.
+            assert "mrope_section" not in cfg["rope_parameters"]
+            if preset == "qwen3_5":
+                assert "num_experts" not in cfg  # dense: SGLang builds the MLP from model_type
+                assert cfg["partial_rotary_factor"] == cfg["rope_parameters"]["partial_rotary_factor"] == 0.25
         else:
             assert cfg["architectures"] == ["NemotronHForCausalLM"]
             assert cfg["hybrid_override_pattern"] == "MEM*E"
@@ -66,9 +74,8 @@ def _expected_mtp_shapes(preset, cfg):
     """Section 2.1 of the notes, written out independently of the builder."""
     H = cfg["hidden_size"]
     exp = {}
-    if preset == "qwen3_next":
+    if preset in QWEN:
         nh, kv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-        E, I, Ish = cfg["num_experts"], cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"]
         L = "mtp.layers.0."
         exp.update({
             "mtp.fc.weight": (H, 2 * H),
@@ -83,6 +90,14 @@ def _expected_mtp_shapes(preset, cfg):
             L + "self_attn.o_proj.weight": (H, nh * hd),
             L + "self_attn.q_norm.weight": (hd,),
             L + "self_attn.k_norm.weight": (hd,),
+        })
+        if preset == "qwen3_5":  # dense MLP
+            I = cfg["intermediate_size"]
+            exp.update({L + "mlp.gate_proj.weight": (I, H), L + "mlp.up_proj.weight": (I, H),
+                        L + "mlp.down_proj.weight": (H, I)})
+            return exp
+        E, I, Ish = cfg["num_experts"], cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"]
+        exp.update({
             L + "mlp.gate.weight": (E, H),
             L + "mlp.shared_expert.gate_proj.weight": (Ish, H),
             L + "mlp.shared_expert.up_proj.weight": (Ish, H),
@@ -138,7 +153,7 @@ def test_accept_construction_in_weights(built):
         t = _tensors(d)
         cfg = json.loads((d / "config.json").read_text())
         H = cfg["hidden_size"]
-        emb = t["model.embed_tokens.weight" if preset == "qwen3_next" else "backbone.embeddings.weight"].float()
+        emb = t["model.embed_tokens.weight" if preset in QWEN else "backbone.embeddings.weight"].float()
         head = t["lm_head.weight"].float()
         # Every lm_head row is a scaled copy of exactly one embedding row (a permutation).
         en, hn = emb / emb.norm(dim=1, keepdim=True), head / head.norm(dim=1, keepdim=True)
@@ -151,7 +166,7 @@ def test_accept_construction_in_weights(built):
         # MTP mix matrix [(1 - w) I | w I].
         w = info["mtp_mix_w"]
         assert 0.0 < w < 1.0  # knob 0.3 -> an interior, calibrated w
-        key = "mtp.fc.weight" if preset == "qwen3_next" else "mtp.layers.0.eh_proj.weight"
+        key = "mtp.fc.weight" if preset in QWEN else "mtp.layers.0.eh_proj.weight"
         eye = torch.eye(H)
         want = torch.cat([(1 - w) * eye, w * eye], 1).to(t[key].dtype).float()
         assert torch.equal(t[key].float(), want)
@@ -178,7 +193,7 @@ def test_fp32_init_gives_a_bf16_build():
     config must still say bf16, and the init must have the bf16 build's statistics."""
     from transformers import AutoModelForCausalLM
 
-    for preset in ("qwen3_next", "nemotron_h"):
+    for preset in ("qwen3_next", "qwen3_5", "nemotron_h"):
         cfg, _ = mtm.make_config(preset, mtm.resolve_fields(preset, None, {}, {}))
         ref = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
         got = mtm._random_bf16_model(cfg)  # other draws than `ref`'s whatever the seed (fp32 vs bf16 RNG)
@@ -207,7 +222,7 @@ def test_transformers_reload(built):
         assert not load["missing_keys"] and not extra, (load["missing_keys"], extra)
         assert not load["mismatched_keys"] and not load["error_msgs"]
         t = _tensors(d)
-        emb_key = "model.embed_tokens.weight" if preset == "qwen3_next" else "backbone.embeddings.weight"
+        emb_key = "model.embed_tokens.weight" if preset in QWEN else "backbone.embeddings.weight"
         assert torch.equal(model.get_input_embeddings().weight, t[emb_key])
         assert torch.equal(model.lm_head.weight, t["lm_head.weight"])
 
@@ -221,6 +236,7 @@ def test_sglang_config_parsing(built):
     expect = {
         # preset: (sglang config class, ssm layer ids, attention layer ids, temporal, conv)
         "qwen3_next": ("Qwen3NextConfig", [0, 1, 2], [3], (4, 128, 128), [(2 * 2 * 128 + 4 * 128, 3)]),
+        "qwen3_5": ("Qwen3_5TextConfig", [0, 1, 2], [3], (4, 128, 128), [(2 * 2 * 128 + 4 * 128, 3)]),
         "nemotron_h": ("NemotronHConfig", [0, 2], [3], (8, 64, 128), [(8 * 64 + 2 * 2 * 128, 3)]),
     }
     for preset, (d, info) in built.items():
@@ -240,10 +256,21 @@ def test_sglang_config_parsing(built):
             assert text.mtp_hybrid_override_pattern == "*E"
         else:
             assert text.rope_theta == 10000.0
+        if preset == "qwen3_5":
+            # What SGLang's Qwen3.5 attention reads: RoPE theta and parameters, the partial factor,
+            # the output gate, and the dense MLP (chosen from model_type).
+            from sglang.srt.utils.hf_transformers import get_rope_config
+
+            theta, rope = get_rope_config(text)
+            assert theta == 10000.0 and rope["rope_type"] == "default" and "mrope_section" not in rope
+            assert text.partial_rotary_factor == 0.25 and text.attn_output_gate is True
+            assert text.model_type == "qwen3_5_text"
         target = ModelConfig(str(d), is_draft_model=False)
         draft = ModelConfig(str(d), is_draft_model=True)
-        assert target.hf_config.architectures == [cls.replace("Config", "ForCausalLM")]
-        assert draft.hf_config.architectures == [cls.replace("Config", "ForCausalLMMTP")]
+        arch = cls.replace("TextConfig", "Config").replace("Config", "ForCausalLM")
+        assert target.hf_config.architectures == [arch]
+        # SGLang drafts every Qwen3.5 arch with Qwen3_5ForCausalLMMTP.
+        assert draft.hf_config.architectures == [arch + "MTP"]
         assert draft.hf_config.num_nextn_predict_layers == 1
         assert get_conv_template_by_model_path(str(d)) is None  # HF chat template is used
 
@@ -303,3 +330,5 @@ def test_bad_overrides_rejected(tmp_path):
         mtm.build("qwen3_next", tmp_path / "y", flags={"pattern": "MM*"}, no_weights=True)
     with pytest.raises(ValueError):
         mtm.build("qwen3_next", tmp_path / "z", flags={"ssm_heads": 3}, no_weights=True)
+    with pytest.raises(ValueError, match="does not apply to preset qwen3_5"):  # dense: no experts
+        mtm.build("qwen3_5", tmp_path / "w", flags={"num_experts": 16}, no_weights=True)
