@@ -253,6 +253,7 @@ def check_after(sa) -> None:
             f"the SSM state dtype resolved to {sa.mamba_ssm_dtype!r}; the exact fold needs "
             "--mamba-ssm-dtype float32."
         )
+    _check_radix_strategy(sa)
     algo = getattr(sa, "speculative_algorithm", None)
     if algo is not None:
         algo_u = str(algo).upper()
@@ -298,6 +299,27 @@ def check_after(sa) -> None:
         ring_len,
         source,
         f", speculative {algo} with {sa.max_speculative_num_draft_tokens} draft tokens" if algo else "",
+    )
+
+
+def _check_radix_strategy(sa) -> None:
+    """The radix cache's mamba strategy must be one SGLang's scheduler supports. SGLang resolves
+    and checks it only for the archs it lists (`_MAMBA_RADIX_CACHE_ARCHS`); for the others (the
+    text-only `Qwen3_5ForCausalLM` / `Qwen3_5MoeForCausalLM` in 0.5.17) an "auto" strategy stays
+    unresolved, which runs the no-buffer path with the overlap scheduler on: the pair SGLang
+    refuses for every arch it resolves."""
+    if getattr(sa, "disable_radix_cache", False) or getattr(sa, "disable_overlap_schedule", False):
+        return
+    extra = getattr(sa, "enable_mamba_extra_buffer", None)
+    if callable(extra) and extra():
+        return
+    strategy = getattr(sa, "mamba_radix_cache_strategy", None)
+    raise _err(
+        f"the radix cache is on with --mamba-radix-cache-strategy {strategy} (the no-buffer path) and "
+        f"the overlap scheduler on, which SGLang's no-buffer path does not support (SGLang 0.5.17 "
+        f"leaves the strategy unresolved for {_arch(sa.get_model_config())}). Pass "
+        "--mamba-radix-cache-strategy extra_buffer, or --mamba-radix-cache-strategy no_buffer "
+        "--disable-overlap-schedule, or --disable-radix-cache."
     )
 
 

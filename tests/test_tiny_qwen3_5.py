@@ -233,15 +233,21 @@ def test_radix_cache_strategy_left_unresolved(ckpt, qwen3_next_config, plugin_en
     # (on a GPU, with it on, to extra_buffer, which SGLang refuses without CUDA).
     v = resolved_view(ServerArgs(model_path=str(qwen3_next_config), disable_overlap_schedule=True, **base))
     assert v.uses_mamba_radix_cache and v.mamba_radix_cache_strategy == "no_buffer"
-    for backend in ("triton", "replayssm"):
-        sa = ServerArgs(model_path=str(ckpt), mamba_backend=backend, **base)
-        v = resolved_view(sa)
-        assert not v.disable_radix_cache
-        assert not v.uses_mamba_radix_cache and v.mamba_radix_cache_strategy == "auto", backend
-        assert not v.disable_overlap_schedule and not sa.enable_mamba_extra_buffer(), backend
-        if backend == "replayssm":
-            assert rargs.validated_family(sa) == "gdn"
-            runtime.deactivate()
+    sa = ServerArgs(model_path=str(ckpt), mamba_backend="triton", **base)
+    v = resolved_view(sa)
+    assert not v.disable_radix_cache
+    assert not v.uses_mamba_radix_cache and v.mamba_radix_cache_strategy == "auto"
+    assert not v.disable_overlap_schedule and not sa.enable_mamba_extra_buffer()
+    # Our server refuses that pair with the flags that fix it, and takes each of them.
+    with pytest.raises(ValueError, match="--mamba-radix-cache-strategy auto .*--disable-radix-cache") as e:
+        ServerArgs(model_path=str(ckpt), mamba_backend="replayssm", **base)
+    assert "Qwen3_5ForCausalLM" in str(e.value)
+    runtime.deactivate()
+    for fix in (dict(disable_radix_cache=True), dict(mamba_radix_cache_strategy="extra_buffer"),
+                dict(mamba_radix_cache_strategy="no_buffer", disable_overlap_schedule=True)):
+        sa = ServerArgs(model_path=str(ckpt), mamba_backend="replayssm", **base, **fix)
+        assert rargs.validated_family(sa) == "gdn", fix
+        runtime.deactivate()
     # An explicit extra_buffer is taken without SGLang's extra_buffer validation (which refuses
     # Qwen3-Next on CPU above): the e2e `:radix` cases rely on it being the GPU path Qwen3-Next takes.
     sa = ServerArgs(model_path=str(ckpt), mamba_radix_cache_strategy="extra_buffer", **base)
