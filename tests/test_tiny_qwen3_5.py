@@ -9,7 +9,8 @@
 * the tensor shapes follow the config;
 * the plugin sees a GDN hybrid;
 * ServerArgs leaves the radix-cache strategy of this arch unresolved (it is missing from SGLang's
-  mamba radix-cache arch sets), which is why the e2e cases pick one (e2e_parity.radix_cache_args).
+  mamba radix-cache arch sets), which is why the e2e cases pick one (e2e_parity.radix_cache_args)
+  and why our server refuses the unresolved pair (no buffer, overlap scheduler on), naming the fixes.
 """
 
 import importlib.util
@@ -220,8 +221,9 @@ def test_radix_cache_strategy_left_unresolved(ckpt, qwen3_next_config, plugin_en
     """SGLang resolves the hybrid-mamba radix cache for Qwen3-Next but not for the text-only
     Qwen3.5 arch: the strategy stays "auto" (no extra buffer, i.e. the no_buffer path) and the
     overlap scheduler stays on, the pair SGLang refuses for every arch it resolves. Our server
-    validates the same way (family gdn) and inherits it. If a later SGLang lists the arch, this
-    fails, and the e2e cases' radix flags (e2e_parity.radix_cache_args) can go."""
+    refuses it, naming the three fixes, and starts with each of them (family gdn). If a later
+    SGLang lists the arch, this fails, and the e2e cases' radix flags
+    (e2e_parity.radix_cache_args) can go."""
     from sglang.srt.arg_groups.overrides import resolved_view
     from sglang.srt.server_args import ServerArgs
 
