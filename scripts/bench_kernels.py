@@ -173,6 +173,7 @@ DECODE_CONFIGS = ((0, 32, 1, 3, 32, 0, 0), (2, 16, 1, 3, 32, 0, 1), (2, 16, 1, 3
 # never timed side by side).
 # --vfold: also time the spec step with the verify's own fold (configs.gdn_verify_fold).
 VFOLD = False
+DECODE_ONLY = False  # --gdn-decode-only: the GDN decode rows alone
 VERIFY_SWEEP = ((32, 1, 2, 0), (32, 4, 2, 0), (64, 4, 2, 1), (64, 2, 2, 2), (128, 4, 2, 2), (128, 8, 2, 2))
 
 
@@ -314,6 +315,14 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
                     decode_prepare(slots[i], wpos, L, row_wp=snaps[0][i][0], row_flush=snaps[0][i][1])
             row["decode_prepare_us"] = time_graph(prep, sets, reps)
             del rings
+            row["decode_bytes_packed"] = gdn_decode_bytes_baseline(B, H, HV, K, V)
+            row["decode_bytes_ours"] = gdn_decode_bytes_ours(B, H, HV, K, V, L)
+            if DECODE_ONLY:
+                del state
+                torch.cuda.empty_cache()
+                results.append(row)
+                print(json.dumps(row), flush=True)
+                continue
             # --- spec verify + commit ---------------------------------------------------
             gen = torch.Generator().manual_seed(0)
             n_steps = 16
@@ -408,8 +417,6 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
                     row[f"spec_ours_us_u{unroll}"] = time_graph(ours_spec, sets * n_steps, reps)
             del rings, rings_all, state
             torch.cuda.empty_cache()
-            row["decode_bytes_packed"] = gdn_decode_bytes_baseline(B, H, HV, K, V)
-            row["decode_bytes_ours"] = gdn_decode_bytes_ours(B, H, HV, K, V, L)
             row["spec_bytes_stock"] = gdn_verify_bytes_baseline(B, H, HV, K, V, T)
             results.append(row)
             print(json.dumps(row), flush=True)
@@ -431,6 +438,8 @@ def gdn_correctness_check(sweep=False):
         with override("gdn_decode", cfg):
             t.test_gdn_decode(2, 16, 32, 128, 128, 16, torch.bfloat16, 34, "cuda", check)
             t.test_gdn_decode(2, 4, 8, 128, 128, 16, torch.float32, 20, "cuda", check)
+    if DECODE_ONLY:
+        return
     for cfg in VERIFY_CONFIGS + (VERIFY_SWEEP if sweep else ()):
         with override("gdn_verify", cfg):
             t.test_gdn_verify_commit(4, 16, 32, 128, 128, 16, 4, torch.bfloat16, 20, "cuda", check)
@@ -677,9 +686,10 @@ def print_table(results, bw):
             print(" | ".join(str(x) for x in (
                 "gdn", shape + " " + r.get("decode_ours_cfg", ""), r["B"], f"{base:.1f}", f"{ours:.1f}", f"{base / ours:.2f}", f"{gbs:.0f}",
                 f"{100 * gbs / bw:.0f}", f"{base / r['decode_intree_us']:.2f}",
-                f"{r['spec_stock_us']:.1f}", f"{r['spec_ours_us']:.1f}",
-                f"{r['spec_stock_us'] / r['spec_ours_us']:.2f}",
-                f"{r['spec_stock_us'] / r['spec_fold_every_commit_us']:.2f}")))
+                *((f"{r['spec_stock_us']:.1f}", f"{r['spec_ours_us']:.1f}",
+                   f"{r['spec_stock_us'] / r['spec_ours_us']:.2f}",
+                   f"{r['spec_stock_us'] / r['spec_fold_every_commit_us']:.2f}") if "spec_ours_us" in r
+                  else ("-",) * 4))))
         else:
             base, ours = r["decode_ssu_us"], r["decode_ours_us"]
             gbs = r["decode_bytes_ours"] / (ours * 1e-6) / 1e9
@@ -712,11 +722,14 @@ def main(argv=None):
                    "DECODE_CONFIGS, e.g. 3x16x1x3x8x0x1")
     p.add_argument("--gdn-verify-plans", help="comma-separated gdn_verify plans to time (and check) instead of "
                    "VERIFY_CONFIGS, e.g. 16x1x1x6x8,32x2x2x6,16x1x2x6")
+    p.add_argument("--gdn-decode-only", action="store_true", help="GDN: check and time the decode only (no spec "
+                   "verify + commit rows: a decode plan sweep in less device time)")
     p.add_argument("--vfold", action="store_true", help="GDN: also check and time the spec step with the verify's "
                    "own fold (gdn_verify_fold=1) on the default and the best plan (spec_vfold_*_us)")
     args = p.parse_args(argv)
-    global DECODE_CONFIGS, VERIFY_CONFIGS, VFOLD
+    global DECODE_CONFIGS, VERIFY_CONFIGS, VFOLD, DECODE_ONLY
     VFOLD = args.vfold
+    DECODE_ONLY = args.gdn_decode_only
     if args.gdn_decode_plans:
         DECODE_CONFIGS = _plan_list(p, "gdn_decode", args.gdn_decode_plans)
     if args.gdn_verify_plans:

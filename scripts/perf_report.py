@@ -86,9 +86,9 @@ def gdn_tables(rows, copy_gbps):
                 f"{_x(r['decode_packed_us'], r['decode_ours_us'])} | {gbs:.0f}{pct} | "
                 + (f"{_us(r['decode_intree_staggered_us'])} / {_us(r['decode_ours_staggered_us'])} | "
                    f"{_x(r['decode_packed_us'], r['decode_ours_staggered_us'])} | " if stag else "")
-                + f"{_us(r['spec_stock_us'])} | "
-                f"{_us(r['spec_fold_every_commit_us'])} | {_us(r['spec_ours_us'])} | "
-                f"{_x(r['spec_stock_us'], r['spec_ours_us'])} |"
+                + f"{_us(r.get('spec_stock_us'))} | "
+                f"{_us(r.get('spec_fold_every_commit_us'))} | {_us(r.get('spec_ours_us'))} | "
+                f"{_x(r.get('spec_stock_us'), r.get('spec_ours_us'))} |"
             )
     return out
 

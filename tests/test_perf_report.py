@@ -46,3 +46,22 @@ def test_mamba2_plan_table(tmp_path):
     assert "`1x16x4x2`" not in "\n".join(lines[v:])
     assert line("`u8`", 0)[3:5] == ["320.0 / 330.0", "2.25x / 2.18x"] and line("`u8`", v)[3] == "780.0"
     assert line("`bc`", 0)[3:5] == ["310.0 / 320.0", "2.32x / 2.25x"] and "`bc`" not in "\n".join(lines[v:])
+
+
+def test_gdn_decode_only_rows():
+    """`bench_kernels.py --gdn-decode-only` rows carry no spec keys: the report and the benchmark's
+    own table print them with the spec cells empty."""
+    rows = pr.load_rows(ROOT / "docs" / "data" / "session31_2026-12-05" / "call2_gdn_dflush" / "bench.json")
+    for r in rows:
+        for k in [k for k in r if k.startswith("spec_")]:
+            del r[k]
+    text = "\n".join(pr.gdn_tables(rows, 3000.0) + pr.dispatch_rows(rows))
+    assert "| 256 | 425.8 |" in text and "/ 228.7 | 1.86x | - | - | - | - |" in text
+    bk = load_script("bench_kernels")
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        bk.print_table(rows, 3000.0)
+    assert "| 1.69 | - | - | - | -" in buf.getvalue()
