@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end parity on the lent H200: stock SGLang (--mamba-backend triton) vs ours
-# (--mamba-backend replayssm) for {qwen3_next, qwen3_5, nemotron_h} x {no spec, NEXTN}, with
-# scripts/e2e_parity.py (one process per case; cases run concurrently on the one GPU).
+# (--mamba-backend replayssm) for {qwen3_next, qwen3_5, qwen3_5_moe, nemotron_h} x {no spec,
+# NEXTN}, with scripts/e2e_parity.py (one process per case; cases run concurrently on the one GPU).
 #
 # One call with carry [".site"] (scripts/device_site_pack.sh packs both wheel folders as one
 # ~40 MiB archive): bash scripts/device_e2e.sh run [CASE ...]. Without it the wheels do not fit one
@@ -9,10 +9,12 @@
 # ~30 s after a call; see /work/shared/devtools/README.md):
 #   call 1, carry [".whl"]:            bash scripts/device_e2e.sh install
 #   call 2, carry [".whl2", ".tiny"]:  bash scripts/device_e2e.sh run [CASE ...]
-# CASE: qwen3_next | qwen3_next:nextn | qwen3_5 | qwen3_5:nextn | nemotron_h | nemotron_h:nextn
-# (default: the qwen3_next and nemotron_h four). qwen3_5 is a text-only Qwen3.5 checkpoint
-# (Qwen3_5ForCausalLM, dense MLP, NEXTN through Qwen3_5ForCausalLMMTP). SGLang 0.5.17 leaves its
-# radix-cache strategy unresolved (the arch is missing from its mamba radix-cache arch sets), so
+# CASE: qwen3_next | qwen3_next:nextn | qwen3_5 | qwen3_5:nextn | qwen3_5_moe | qwen3_5_moe:nextn |
+# nemotron_h | nemotron_h:nextn (default: the qwen3_next and nemotron_h four). qwen3_5 and
+# qwen3_5_moe are text-only Qwen3.5 checkpoints (Qwen3_5ForCausalLM with a dense MLP,
+# Qwen3_5MoeForCausalLM with 8 experts top-2 and a shared expert; NEXTN through
+# Qwen3_5ForCausalLMMTP, whose layer has the target's MLP). SGLang 0.5.17 leaves their
+# radix-cache strategy unresolved (the archs are missing from its mamba radix-cache arch sets), so
 # e2e_parity.py gives both servers --disable-radix-cache, or with :radix the extra_buffer strategy
 # SGLang picks for Qwen3-Next (:nobuffer chooses no_buffer itself). A
 # `:ring` suffix (e.g. qwen3_next:ring, qwen3_next:nextn:ring) runs our server with
@@ -56,8 +58,9 @@
 #   E2E_DRIVER_FLAGS extra e2e_parity.py flags (e.g. "--issm-check allocated --max-logprob-diff 0.1")
 #   E2E_PREFILL_GRAPH=1  keep prefill CUDA graphs (default: --disable-prefill-cuda-graph; their
 #                        capture alone took ~100 s on the H200)
-#   TINY_QWEN_FLAGS / TINY_QWEN35_FLAGS / TINY_NEMOTRON_FLAGS  make_tiny_model.py flags for
-#                    on-device builds (qwen3_next / qwen3_5 / nemotron_h)
+#   TINY_QWEN_FLAGS / TINY_QWEN35_FLAGS / TINY_QWEN35MOE_FLAGS / TINY_NEMOTRON_FLAGS
+#                    make_tiny_model.py flags for on-device builds (qwen3_next / qwen3_5 /
+#                    qwen3_5_moe / nemotron_h)
 set -uo pipefail
 
 T0=$(date +%s)
@@ -159,6 +162,7 @@ build_or_find_model() {  # build_or_find_model PRESET -> prints the checkpoint d
   case $preset in
     qwen3_next) flags=${TINY_QWEN_FLAGS:---mixer-out-scale 300 --accept-rate-knob 0.3} ;;
     qwen3_5) flags=${TINY_QWEN35_FLAGS:---mixer-out-scale 300 --accept-rate-knob 0.3} ;;
+    qwen3_5_moe) flags=${TINY_QWEN35MOE_FLAGS:---mixer-out-scale 300 --accept-rate-knob 0.3} ;;
     nemotron_h) flags=${TINY_NEMOTRON_FLAGS:---mixer-out-scale 10 --accept-rate-knob 0.3} ;;
   esac
   # shellcheck disable=SC2086
@@ -187,7 +191,7 @@ do_run() {
   local c preset
   for c in "${cases[@]}"; do
     preset=${c%%:*}
-    case $preset in qwen3_next|qwen3_5|nemotron_h) ;; *) die "unknown case $c" ;; esac
+    case $preset in qwen3_next|qwen3_5|qwen3_5_moe|nemotron_h) ;; *) die "unknown case $c" ;; esac
     local mod
     for mod in $(tr ':' ' ' <<<"${c#"$preset"}"); do
       case $mod in nextn|ring|radix|nobuffer|retract|mixed) ;; *) die "unknown case modifier :$mod in $c" ;; esac

@@ -23,7 +23,7 @@ Examples:
   python3 scripts/e2e_parity.py --model .tiny/nemotron_h --spec --out /tmp/e2e/nh_spec
   python3 scripts/e2e_parity.py --model .tiny/qwen3_next --only stock --out /tmp/e2e/qn_stock
   python3 scripts/e2e_parity.py --model .tiny/qwen3_5 --spec --out /tmp/e2e/q35_spec
-(text-only Qwen3.5 gets --disable-radix-cache on both servers, or with --radix-waves
+(text-only Qwen3.5, dense or MoE, gets --disable-radix-cache on both servers, or with --radix-waves
 --mamba-radix-cache-strategy extra_buffer, unless --extra-args chooses: see radix_cache_args)
 Exit status: 0 when every check passed, 1 when one failed, 2 on a usage error.
 """
@@ -114,14 +114,14 @@ def cached_tokens(log_text: str) -> int:
 
 
 def model_kind(config: dict) -> str:
-    """'qwen3_next', 'qwen3_5_text', 'nemotron_h', ... from a config.json dict (model_type, else
-    architecture)."""
+    """'qwen3_next', 'qwen3_5_text', 'qwen3_5_moe_text', 'nemotron_h', ... from a config.json dict
+    (model_type, else architecture)."""
     mt = config.get("model_type")
     if mt:
         return mt
     arch = (config.get("architectures") or [""])[0]
     return {"Qwen3NextForCausalLM": "qwen3_next", "Qwen3_5ForCausalLM": "qwen3_5_text",
-            "NemotronHForCausalLM": "nemotron_h"}.get(arch, arch)
+            "Qwen3_5MoeForCausalLM": "qwen3_5_moe_text", "NemotronHForCausalLM": "nemotron_h"}.get(arch, arch)
 
 
 def radix_cache_args(kind: str, both_args: list[str], radix_waves: bool) -> list[str]:

@@ -9,6 +9,9 @@ Presets (tiny, real per-head shapes, a few MB):
   qwen3_5     Qwen3_5ForCausalLM (text-only Qwen3.5, model_type qwen3_5_text, GDN): the same
               layer and head shapes as qwen3_next with a dense MLP (intermediate 512), one MTP
               layer (full attention + dense MLP; SGLang drafts with Qwen3_5ForCausalLMMTP).
+  qwen3_5_moe Qwen3_5MoeForCausalLM (text-only Qwen3.5 MoE, model_type qwen3_5_moe_text, GDN):
+              the qwen3_5 shapes with qwen3_next's MoE, one MTP layer (full attention + MoE;
+              per-expert checkpoint keys, as transformers writes them).
   nemotron_h  NemotronHForCausalLM (Mamba-2): hidden 256, 8 heads x 64, state 128, n_groups 2,
               pattern MEM*E, MTP pattern *E.
 
@@ -36,6 +39,7 @@ estimated acceptance, mixer/residual norm ratio) go to ``tiny_model_info.json``.
 Usage:
   python scripts/make_tiny_model.py --preset qwen3_next --out .tiny/qwen3_next
   python scripts/make_tiny_model.py --preset qwen3_5 --out .tiny/qwen3_5 --mixer-out-scale 300 --accept-rate-knob 0.3
+  python scripts/make_tiny_model.py --preset qwen3_5_moe --out .tiny/qwen3_5_moe --mixer-out-scale 300
   python scripts/make_tiny_model.py --preset nemotron_h --out .tiny/nemotron_h --accept-rate-knob 0.3
   python scripts/make_tiny_model.py --preset qwen3_next --shape qwen3-next-80b --no-weights --out /tmp/qn80
 """
@@ -66,7 +70,9 @@ CHATML_TEMPLATE = (
 
 # Tiny presets: config fields as the transformers config classes name them.
 # The GDN presets share their dims; qwen3_next adds its MoE (SGLang's Qwen3-Next is always MoE),
-# qwen3_5 is text-only Qwen3.5, for which SGLang builds a dense MLP (model_type qwen3_5_text).
+# qwen3_5 is text-only Qwen3.5, for which SGLang builds a dense MLP (model_type qwen3_5_text), and
+# qwen3_5_moe the same with the MoE (SGLang picks the MoE from model_type qwen3_5_moe_text; the
+# MoE presets leave intermediate_size unused).
 _TINY_GDN = dict(
     vocab_size=2048,
     hidden_size=256,
@@ -84,15 +90,16 @@ _TINY_GDN = dict(
     max_position_embeddings=4096,
     rope_theta=10000.0,
 )
+_TINY_MOE = dict(
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=128,
+    shared_expert_intermediate_size=128,
+)
 PRESETS = {
-    "qwen3_next": dict(
-        _TINY_GDN,
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=128,
-        shared_expert_intermediate_size=128,
-    ),
+    "qwen3_next": dict(_TINY_GDN, **_TINY_MOE),
     "qwen3_5": dict(_TINY_GDN),
+    "qwen3_5_moe": dict(_TINY_GDN, **_TINY_MOE),
     "nemotron_h": dict(
         vocab_size=2048,
         hidden_size=256,
@@ -183,7 +190,7 @@ SHAPES = {
 }
 
 # GDN presets (Qwen3-Next and Qwen3.5 naming: linear_attn mixers, Gemma norms, `mtp.fc`).
-QWEN_PRESETS = ("qwen3_next", "qwen3_5")
+QWEN_PRESETS = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 
 # Named override flags -> config field as (Qwen, Nemotron-H) (anything else: --set key=value).
 FLAG_FIELDS = {
@@ -341,9 +348,10 @@ def make_config(preset: str, fields: dict):
                 **fields,
             )
         else:
-            from transformers import Qwen3_5TextConfig
+            from transformers import Qwen3_5MoeTextConfig, Qwen3_5TextConfig
 
-            cfg = Qwen3_5TextConfig(layer_types=layer_types, rope_parameters=rope, **common, **fields)
+            cls = Qwen3_5MoeTextConfig if preset == "qwen3_5_moe" else Qwen3_5TextConfig
+            cfg = cls(layer_types=layer_types, rope_parameters=rope, **common, **fields)
         patch = {
             "full_attention_interval": interval,
             "rope_theta": rope_theta,
@@ -353,7 +361,7 @@ def make_config(preset: str, fields: dict):
             "mtp_use_dedicated_embeddings": False,
             "dtype": "bfloat16",
         }
-        if preset == "qwen3_5":
+        if preset != "qwen3_next":
             # SGLang's Qwen3.5 attention reads the top-level field (its config class defaults it
             # to 0.25); transformers keeps it in rope_parameters. Write both, equal.
             patch["partial_rotary_factor"] = rope["partial_rotary_factor"]
@@ -484,8 +492,8 @@ def make_mtp_tensors(preset: str, target: dict, cfg_json: dict, w: float, gen) -
 
     out = {}
     if preset in QWEN_PRESETS:
-        # The attention layer's own tensors (self_attn.*, norms, and the MLP: MoE for qwen3_next,
-        # dense gate/up/down for qwen3_5) are the MTP layer's templates.
+        # The attention layer's own tensors (self_attn.*, norms, and the MLP: the MoE with
+        # per-expert keys, or qwen3_5's dense gate/up/down) are the MTP layer's templates.
         interval = cfg_json["full_attention_interval"]
         attn_idx = interval - 1
         prefix = f"model.layers.{attn_idx}."

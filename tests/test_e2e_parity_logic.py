@@ -470,6 +470,7 @@ def test_script_radix_waves_and_retraction(fake):
 def test_radix_cache_args_for_unresolved_archs():
     # Text-only Qwen3.5: SGLang 0.5.17 leaves the strategy unresolved (tests/test_tiny_qwen3_5.py).
     assert e2e.model_kind({"architectures": ["Qwen3_5ForCausalLM"]}) == "qwen3_5_text"
+    assert e2e.model_kind({"architectures": ["Qwen3_5MoeForCausalLM"]}) == "qwen3_5_moe_text"
     for kind in ("qwen3_5_text", "qwen3_5_moe_text"):
         assert e2e.radix_cache_args(kind, [], False) == ["--disable-radix-cache"]
         assert e2e.radix_cache_args(kind, ["--max-total-tokens", "6000"], True) == [

@@ -17,8 +17,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 mtm = load_script("make_tiny_model")
 
 # (preset, mixer_out_scale, knob): knob 0.3 exercises the calibration path.
-BUILDS = {"qwen3_next": (300.0, 0.3), "qwen3_5": (300.0, 0.3), "nemotron_h": (10.0, 0.3)}
-QWEN = ("qwen3_next", "qwen3_5")  # GDN presets: Qwen naming (model.*, mtp.fc, Gemma norms)
+BUILDS = {"qwen3_next": (300.0, 0.3), "qwen3_5": (300.0, 0.3), "qwen3_5_moe": (300.0, 0.3), "nemotron_h": (10.0, 0.3)}
+QWEN = ("qwen3_next", "qwen3_5", "qwen3_5_moe")  # GDN presets: Qwen naming (model.*, mtp.fc, Gemma norms)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,8 @@ def test_files_and_config_fixes(built):
         assert cfg["tie_word_embeddings"] is False
         if preset in QWEN:
             arch, model_type = {"qwen3_next": ("Qwen3NextForCausalLM", "qwen3_next"),
-                                "qwen3_5": ("Qwen3_5ForCausalLM", "qwen3_5_text")}[preset]
+                                "qwen3_5": ("Qwen3_5ForCausalLM", "qwen3_5_text"),
+                                "qwen3_5_moe": ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text")}[preset]
             assert cfg["architectures"] == [arch] and cfg["model_type"] == model_type
             assert cfg["full_attention_interval"] == 4
             assert cfg["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
@@ -58,6 +59,7 @@ def test_files_and_config_fixes(built):
             assert "mrope_section" not in cfg["rope_parameters"]
             if preset == "qwen3_5":
                 assert "num_experts" not in cfg  # dense: SGLang builds the MLP from model_type
+            if preset != "qwen3_next":
                 assert cfg["partial_rotary_factor"] == cfg["rope_parameters"]["partial_rotary_factor"] == 0.25
         else:
             assert cfg["architectures"] == ["NemotronHForCausalLM"]
@@ -193,7 +195,7 @@ def test_fp32_init_gives_a_bf16_build():
     config must still say bf16, and the init must have the bf16 build's statistics."""
     from transformers import AutoModelForCausalLM
 
-    for preset in ("qwen3_next", "qwen3_5", "nemotron_h"):
+    for preset in ("qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h"):
         cfg, _ = mtm.make_config(preset, mtm.resolve_fields(preset, None, {}, {}))
         ref = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
         got = mtm._random_bf16_model(cfg)  # other draws than `ref`'s whatever the seed (fp32 vs bf16 RNG)
@@ -237,6 +239,7 @@ def test_sglang_config_parsing(built):
         # preset: (sglang config class, ssm layer ids, attention layer ids, temporal, conv)
         "qwen3_next": ("Qwen3NextConfig", [0, 1, 2], [3], (4, 128, 128), [(2 * 2 * 128 + 4 * 128, 3)]),
         "qwen3_5": ("Qwen3_5TextConfig", [0, 1, 2], [3], (4, 128, 128), [(2 * 2 * 128 + 4 * 128, 3)]),
+        "qwen3_5_moe": ("Qwen3_5MoeTextConfig", [0, 1, 2], [3], (4, 128, 128), [(2 * 2 * 128 + 4 * 128, 3)]),
         "nemotron_h": ("NemotronHConfig", [0, 2], [3], (8, 64, 128), [(8 * 64 + 2 * 2 * 128, 3)]),
     }
     for preset, (d, info) in built.items():
@@ -256,21 +259,26 @@ def test_sglang_config_parsing(built):
             assert text.mtp_hybrid_override_pattern == "*E"
         else:
             assert text.rope_theta == 10000.0
-        if preset == "qwen3_5":
+        if preset in ("qwen3_5", "qwen3_5_moe"):
             # What SGLang's Qwen3.5 attention reads: RoPE theta and parameters, the partial factor,
-            # the output gate, and the dense MLP (chosen from model_type).
+            # the output gate, and the MLP kind (dense or MoE, chosen from model_type).
             from sglang.srt.utils.hf_transformers import get_rope_config
 
             theta, rope = get_rope_config(text)
             assert theta == 10000.0 and rope["rope_type"] == "default" and "mrope_section" not in rope
             assert text.partial_rotary_factor == 0.25 and text.attn_output_gate is True
-            assert text.model_type == "qwen3_5_text"
+            assert text.model_type == {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}[preset]
+        if preset == "qwen3_5_moe":
+            # transformers' Qwen3.5 MoE router always renormalises the top-k weights; SGLang's
+            # follows norm_topk_prob (not in config.json: its config class default).
+            assert (text.num_experts, text.num_experts_per_tok, text.norm_topk_prob) == (8, 2, True)
+            assert text.moe_intermediate_size == text.shared_expert_intermediate_size == 128
         target = ModelConfig(str(d), is_draft_model=False)
         draft = ModelConfig(str(d), is_draft_model=True)
         arch = cls.replace("TextConfig", "Config").replace("Config", "ForCausalLM")
         assert target.hf_config.architectures == [arch]
         # SGLang drafts every Qwen3.5 arch with Qwen3_5ForCausalLMMTP.
-        assert draft.hf_config.architectures == [arch + "MTP"]
+        assert draft.hf_config.architectures == ["Qwen3_5ForCausalLMMTP" if "Qwen3_5" in arch else arch + "MTP"]
         assert draft.hf_config.num_nextn_predict_layers == 1
         assert get_conv_template_by_model_path(str(d)) is None  # HF chat template is used
 
@@ -332,3 +340,5 @@ def test_bad_overrides_rejected(tmp_path):
         mtm.build("qwen3_next", tmp_path / "z", flags={"ssm_heads": 3}, no_weights=True)
     with pytest.raises(ValueError, match="does not apply to preset qwen3_5"):  # dense: no experts
         mtm.build("qwen3_5", tmp_path / "w", flags={"num_experts": 16}, no_weights=True)
+    info = mtm.build("qwen3_5_moe", tmp_path / "v", flags={"num_experts": 16}, no_weights=True)
+    assert info["config"]["num_experts"] == 16
