@@ -314,10 +314,11 @@ def _check_radix_strategy(sa) -> None:
     if callable(extra) and extra():
         return
     strategy = getattr(sa, "mamba_radix_cache_strategy", None)
+    why = (f" (SGLang 0.5.17 leaves the strategy unresolved for {_arch(sa.get_model_config())})"
+           if strategy == "auto" else "")
     raise _err(
         f"the radix cache is on with --mamba-radix-cache-strategy {strategy} (the no-buffer path) and "
-        f"the overlap scheduler on, which SGLang's no-buffer path does not support (SGLang 0.5.17 "
-        f"leaves the strategy unresolved for {_arch(sa.get_model_config())}). Pass "
+        f"the overlap scheduler on, which SGLang's no-buffer path does not support{why}. Pass "
         "--mamba-radix-cache-strategy extra_buffer, or --mamba-radix-cache-strategy no_buffer "
         "--disable-overlap-schedule, or --disable-radix-cache."
     )

@@ -285,6 +285,11 @@ def test_radix_cache_strategy_left_unresolved(preset, ckpt, qwen3_next_config, p
         ServerArgs(model_path=str(ckpt), mamba_backend="replayssm", **base)
     assert PRESETS[preset][0] in str(e.value)
     runtime.deactivate()
+    # An explicit no_buffer with the overlap scheduler on: the same refusal, not called unresolved.
+    with pytest.raises(ValueError, match="strategy no_buffer .*--disable-radix-cache") as e:
+        ServerArgs(model_path=str(ckpt), mamba_backend="replayssm", mamba_radix_cache_strategy="no_buffer", **base)
+    assert "unresolved" not in str(e.value)
+    runtime.deactivate()
     for fix in (dict(disable_radix_cache=True), dict(mamba_radix_cache_strategy="extra_buffer"),
                 dict(mamba_radix_cache_strategy="no_buffer", disable_overlap_schedule=True)):
         sa = ServerArgs(model_path=str(ckpt), mamba_backend="replayssm", **base, **fix)
