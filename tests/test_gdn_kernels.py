@@ -708,6 +708,12 @@ def test_gdn_padding_rows_write_nothing(device):
     before = [t.clone() for t in [state, *rings.tensors()]]
     q, k, v, a, b = _inputs(B, 2, H, HV, K, V, bf16, device, gen)
     out = torch.full((B, 2, HV, V), float("nan"), dtype=bf16, device=device)
+    # A vfold of the wrong dtype or length is refused before anything is written.
+    for bad in (torch.zeros(S, dtype=torch.int64, device=device), torch.zeros(S - 1, dtype=torch.int32, device=device)):
+        with pytest.raises(ValueError, match="vfold"):
+            gdn_replay_verify(q, k, v, a, b, A_log, dt_bias, state[0], rings.layer(0), slot, wpos, origin, out=out,
+                              vfold=bad)
+    assert torch.isnan(out).all()
     gdn_replay_verify(q, k, v, a, b, A_log, dt_bias, state[0], rings.layer(0), slot, wpos, origin, out=out)
     assert torch.isnan(out[1]).all() and not torch.isnan(out[[0, 2]]).any()
     n, org = commit_prepare(slot, wpos, origin, torch.tensor([2, 2, 2], device=device), L, 2)
