@@ -19,6 +19,8 @@ Studies:
 
 Models (--model; the SSM layer count is --ssm-layers):
   gdn     Qwen3-Next / Qwen3.5 shaped GDN (HV=32, H=16, K=V=128), attention every 4th layer, MoE
+  qwen35_4b  Qwen3.5-4B shaped GDN (the same GDN heads, hidden 2560), attention every 4th layer, dense
+          MLP; 24 GDN layers (the real count) for decode and spec
   nano9b  Nemotron-Nano-9B-v2 shaped Mamba-2 (NH=128, P=80, N=128, G=8), M-/*- pattern, no MTP (decode only)
   super   Nemotron-3-Super shaped Mamba-2 (NH=128, P=64, N=128, G=8), ME/* pattern, MoE, MTP "*E"
 
@@ -101,6 +103,10 @@ MODELS = {
         family="gdn", preset="qwen3_next", shape="qwen3-next-80b", mtp=True, default_ssm_layers=24,
         desc="Qwen3-Next/Qwen3.5-shaped GDN (HV=32, H=16, K=V=128), full attention every 4th layer, MoE",
     ),
+    "qwen35_4b": dict(
+        family="gdn", preset="qwen3_5", shape="qwen3.5-4b", mtp=True, default_ssm_layers=24,
+        desc="Qwen3.5-4B-shaped GDN (HV=32, H=16, K=V=128, hidden 2560), attention every 4th layer, dense MLP",
+    ),
     "nano9b": dict(
         family="mamba2", preset="nemotron_h", shape="nemotron-nano-9b-v2", mtp=False, default_ssm_layers=24,
         desc="Nemotron-Nano-9B-v2-shaped Mamba-2 (NH=128, P=80, N=128, G=8), dense MLP, no MTP",
@@ -111,21 +117,22 @@ MODELS = {
     ),
 }
 # Spec checkpoints carry real weights built on the CPU: keep them smaller by default.
-DEFAULT_SPEC_SSM_LAYERS = {"gdn": 12, "nano9b": 12, "super": 8}
+DEFAULT_SPEC_SSM_LAYERS = {"gdn": 12, "qwen35_4b": 24, "nano9b": 12, "super": 8}
 
 
 def layer_pattern(model: str, ssm_layers: int) -> dict:
     """make_tiny_model.py layer flags for ``ssm_layers`` SSM layers of ``model``.
 
-    gdn:    (ssm_layers / 3) blocks of 3 GDN + 1 attention (full_attention_interval 4);
+    gdn, qwen35_4b: (ssm_layers / 3) blocks of 3 GDN + 1 attention (full_attention_interval 4;
+            Qwen3.5-4B itself: 24 GDN / 32 layers);
     nano9b: "M-" per SSM layer, "*-" after every 7th (Nano-9B-v2: 27 M / 4 *);
     super:  "ME" per SSM layer, "*" after every 5th (Super: 40 M / 40 E / 8 *).
     Mamba-2 patterns always contain at least one attention layer."""
     if ssm_layers < 1:
         raise ValueError("--ssm-layers must be >= 1")
-    if model == "gdn":
+    if model in ("gdn", "qwen35_4b"):
         if ssm_layers % 3:
-            raise ValueError("gdn: --ssm-layers must be a multiple of 3 (3 GDN + 1 attention per block)")
+            raise ValueError(f"{model}: --ssm-layers must be a multiple of 3 (3 GDN + 1 attention per block)")
         return {"num_layers": ssm_layers // 3 * 4, "full_attention_interval": 4}
     if model in ("nano9b", "super"):
         unit, attn, every = ("M-", "*-", 7) if model == "nano9b" else ("ME", "*", 5)
@@ -159,7 +166,7 @@ def build_model_cmd(python: str, model: str, ssm_layers: int, weights: str, knob
         cmd += ["--no-weights"]
     else:
         if not rec["mtp"]:
-            raise ValueError(f"{model} has no MTP head: the spec study needs gdn or super")
+            raise ValueError(f"{model} has no MTP head: the spec study needs gdn, qwen35_4b or super")
         knob = 0.0 if knob is None else knob
         # Real-shape models are large for the CPU: skip the CPU measurements. The knob end points
         # need no calibration; an interior knob then takes the raw mixing weight (w = knob).
@@ -1226,8 +1233,8 @@ def parse_args(argv=None):
     p.add_argument("--min-prompts", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ssm-layers", type=int, default=None,
-                   help="SSM layers of the built model (default: decode gdn/nano9b 24, super 20; spec gdn/nano9b 12, "
-                        "super 8)")
+                   help="SSM layers of the built model (default: decode gdn/qwen35_4b/nano9b 24, super 20; spec "
+                        "gdn/nano9b 12, qwen35_4b 24, super 8)")
     p.add_argument("--weights", choices=["auto", "dummy", "knob"], default="auto",
                    help="auto: dummy for decode, knob (real constructed weights) for spec")
     p.add_argument("--accept-rate-knob", type=float, default=0.0, help="make_tiny_model.py --accept-rate-knob")
@@ -1312,7 +1319,7 @@ def _resolve_model(a, out: Path, end_time: float | None) -> tuple[dict | None, s
                     desc=f"checkpoint {mdir}", config=cfg), None
     rec = MODELS[a.model]
     if a.study == "spec" and not rec["mtp"]:
-        return None, f"{a.model} has no MTP head: the spec study needs --model gdn or super"
+        return None, f"{a.model} has no MTP head: the spec study needs --model gdn, qwen35_4b or super"
     ssm = a.ssm_layers or (rec["default_ssm_layers"] if a.study == "decode" else DEFAULT_SPEC_SSM_LAYERS[a.model])
     knob = a.accept_rate_knob if weights == "knob" else None
     tag = a.tag or model_tag(a.model, ssm, weights, knob, a.build_flags)
@@ -1354,13 +1361,18 @@ def _server_cmd(a, model: dict, side: str, port: int) -> list[str]:
     load = []
     if model["weights"] == "dummy":
         load = ["--load-format", "dummy"] + (["--speculative-draft-load-format", "dummy"] if spec else [])
+    args = extra + shlex.split(a.server_args) + shlex.split(side_extra)
+    # Text-only Qwen3.5: SGLang 0.5.17 leaves the radix strategy unresolved, which our plugin
+    # refuses with the overlap scheduler on; every side then gets extra_buffer, what SGLang resolves
+    # for Qwen3-Next (the gdn model), unless the arguments already choose.
+    args += e2e.radix_cache_args(kind, args, radix_waves=True)
     return e2e.build_server_cmd(
         python=a.python, model=model["dir"], port=port, host=a.host, mamba_backend=backend,
         attention_backend=attention, sampling_backend=a.sampling_backend, moe_runner_backend=moe, spec=spec,
         disable_prefill_cuda_graph=not a.prefill_cuda_graph,
         cuda_graph_max_bs=a.cuda_graph_max_bs or max(a.concurrency_list),
         mem_fraction_static=a.mem_fraction_static, max_running_requests=a.launch_max_running_requests or None,
-        extra_args=load + extra + shlex.split(a.server_args) + shlex.split(side_extra),
+        extra_args=load + args,
     )
 
 

@@ -565,6 +565,9 @@ step_decode_fixed() {
   # own ReplaySSM allocates its rings (11.5 GB at 1300 slots) after sizing the KV cache, so at the
   # auto fraction (0.907 on the H200) it died of a CUDA OOM on its first 256 prefills (session 24);
   # 0.825 takes the rings' share of the GPU off (its KV: 3.02M tokens, ours 2.88M, stock 3.77M).
+  # qwen35_4b: the dense Qwen3.5-4B look-alike (24 GDN layers, as the real model), the gdn pools.
+  # DECODE_POOL_ARGS replaces a model's pool flags (e.g. on an H100, where 1300 slots of 24 GDN
+  # layers do not fit: "--disable-radix-cache --max-mamba-cache-size 300 --max-running-requests 256").
   env_ready
   local models=(${DECODE_MODELS:-gdn nano9b}) m k=0 flags up=()
   case ",${DECODE_SIDES:-stock,ours}," in
@@ -572,13 +575,14 @@ step_decode_fixed() {
   esac
   for m in "${models[@]}"; do
     case $m in
-      gdn) flags="--max-mamba-cache-size 1300 --max-running-requests 256" ;;
+      gdn|qwen35_4b) flags="--max-mamba-cache-size 1300 --max-running-requests 256" ;;
       # Nano-9B: 600 slots (70 GiB of state) admit only 120 requests with the radix cache on
       # (session 16: SGLang keeps ~5 slots per running request), and 1280 slots do not fit; one
       # slot per request with the radix cache off admits 256.
       nano9b) flags="--disable-radix-cache --max-running-requests 256" ;;
-      *) echo "DECODE_MODELS: gdn and/or nano9b, got $m" >&2; return 2 ;;
+      *) echo "DECODE_MODELS: gdn, qwen35_4b and/or nano9b, got $m" >&2; return 2 ;;
     esac
+    flags=${DECODE_POOL_ARGS:-$flags}
     k=$(( k + 1 ))
     run "${BENCH[@]}" --model "$m" --study decode --only "${DECODE_SIDES:-stock,ours}" --concurrency "${DECODE_CONC:-1,128,256}" "${up[@]}" ${DECODE_ARGS:-} \
       --server-args="$flags" --out "/tmp/b_decode_$m${DECODE_TAG:-}" --pack "$OUT/decode_fixed_$m${DECODE_TAG:-}.tgz" \
@@ -604,12 +608,13 @@ step_spec256() {
   # SPEC_CONC (default 256,128) and SPEC_ARGS (more bench_serving flags, word-split): e.g.
   # SPEC_CONC=256 SPEC_ARGS="--output-len 1024", so that the decode steps outweigh the two waves of
   # prefill (session 25: at output 256 each case logged one decode-only window per side).
+  # SPEC_MODEL (default gdn): e.g. qwen35_4b, the dense Qwen3.5-4B look-alike (24 GDN layers).
   local layers=() up=()
   [ -n "${SPEC_SSM_LAYERS:-}" ] && layers=(--ssm-layers "$SPEC_SSM_LAYERS")
   case ",${SPEC_SIDES:-stock,ours}," in
     *,upstream,*) up=("--upstream-args=${SPEC_UPSTREAM_ARGS---mem-fraction-static=0.825}") ;;
   esac
-  run "${BENCH[@]}" --model gdn --study spec "${layers[@]}" --only "${SPEC_SIDES:-stock,ours}" --concurrency "${SPEC_CONC:-256,128}" "${up[@]}" ${SPEC_ARGS:-} \
+  run "${BENCH[@]}" --model "${SPEC_MODEL:-gdn}" --study spec "${layers[@]}" --only "${SPEC_SIDES:-stock,ours}" --concurrency "${SPEC_CONC:-256,128}" "${up[@]}" ${SPEC_ARGS:-} \
     --server-args="${SPEC_POOL_ARGS:---max-mamba-cache-size 1300 --max-running-requests 256}" \
     --out /tmp/b_spec256 --pack "$OUT/spec256.tgz" --time-budget $(( $(left) - 30 ))
 }

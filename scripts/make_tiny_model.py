@@ -149,6 +149,26 @@ SHAPES = {
             rope_theta=10000000.0,
         ),
     ),
+    # Qwen3.5-4B (dense text model: 24 GDN + 8 attention layers): hidden 2560, MLP 9216, 16 query /
+    # 4 KV heads of 256, GDN 16 key / 32 value heads of 128, vocab 248320. The real model ties its
+    # embeddings; this look-alike keeps a separate lm_head (the same matmul per step).
+    "qwen3.5-4b": (
+        "qwen3_5",
+        dict(
+            vocab_size=248320,
+            hidden_size=2560,
+            intermediate_size=9216,
+            num_hidden_layers=8,
+            full_attention_interval=4,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+            head_dim=256,
+            linear_num_key_heads=16,
+            linear_num_value_heads=32,
+            max_position_embeddings=32768,
+            rope_theta=10000000.0,
+        ),
+    ),
     "nemotron-3-super": (
         "nemotron_h",
         dict(

@@ -37,6 +37,9 @@ def _config_from_cmd(cmd):
 
 def test_layer_patterns():
     assert bs.layer_pattern("gdn", 24) == {"num_layers": 32, "full_attention_interval": 4}
+    assert bs.layer_pattern("qwen35_4b", 24) == {"num_layers": 32, "full_attention_interval": 4}
+    with pytest.raises(ValueError, match="qwen35_4b"):
+        bs.layer_pattern("qwen35_4b", 4)
     with pytest.raises(ValueError):
         bs.layer_pattern("gdn", 25)
     p = bs.layer_pattern("nano9b", 24)["pattern"]
@@ -68,6 +71,14 @@ def test_build_commands_are_accepted_by_make_tiny_model():
     assert fields["mamba_head_dim"] == 64 and patch["mtp_hybrid_override_pattern"] == "*E"
     with pytest.raises(ValueError):
         bs.build_model_cmd("py", "nano9b", 24, "knob", 0.0, "/tmp/x")  # no MTP head
+    # Qwen3.5-4B look-alike: dense (no experts), its real layer count by default, MTP for spec.
+    a, fields, patch = _config_from_cmd(bs.build_model_cmd("py", "qwen35_4b", 24, "knob", 0.0, "/tmp/x"))
+    assert a.preset == "qwen3_5" and fields["num_hidden_layers"] == 32 and patch["full_attention_interval"] == 4
+    assert (fields["hidden_size"], fields["intermediate_size"], fields["vocab_size"]) == (2560, 9216, 248320)
+    assert (fields["linear_num_key_heads"], fields["linear_num_value_heads"]) == (16, 32)
+    assert (fields["num_attention_heads"], fields["num_key_value_heads"], fields["head_dim"]) == (16, 4, 256)
+    assert "num_experts" not in fields
+    assert bs.MODELS["qwen35_4b"]["default_ssm_layers"] == bs.DEFAULT_SPEC_SSM_LAYERS["qwen35_4b"] == 24
     assert bs.model_tag("gdn", 24, "dummy", None) == "gdn-24ssm-dummy"
     assert bs.model_tag("gdn", 12, "knob", 0.3) == "gdn-12ssm-knob0.3"
     assert bs.model_tag("gdn", 12, "knob", 0.3, "--x 1") != bs.model_tag("gdn", 12, "knob", 0.3, "--x 2")
@@ -769,7 +780,8 @@ def test_sglang_client_refused_when_tokenizer_smaller_than_vocab(fake, capsys):
 # ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("model,study", [("gdn", "decode"), ("nano9b", "decode"), ("gdn", "spec"), ("super", "spec")])
+@pytest.mark.parametrize("model,study", [("gdn", "decode"), ("nano9b", "decode"), ("gdn", "spec"), ("super", "spec"),
+                                         ("qwen35_4b", "decode"), ("qwen35_4b", "spec")])
 def test_every_side_server_command_is_accepted_by_sglang(tmp_path, model, study, plugin_env, monkeypatch):
     """Build the study's checkpoint (config + tokenizer, dummy weights) and run SGLang's own argument
     handling (ServerArgs.__post_init__: model config, spec and backend checks, our plugin's guards)
@@ -783,7 +795,7 @@ def test_every_side_server_command_is_accepted_by_sglang(tmp_path, model, study,
     # there lets every later check run on the CPU.
     monkeypatch.setattr(sglang_server_args, "is_musa", lambda: True)
     out = tmp_path / "bench"
-    ssm = {"gdn": "3", "nano9b": "2", "super": "2"}[model]
+    ssm = {"gdn": "3", "qwen35_4b": "3", "nano9b": "2", "super": "2"}[model]
     a = bs.parse_args(["--out", str(out), "--model", model, "--study", study, "--ssm-layers", ssm,
                        "--weights", "dummy", "--models-dir", str(tmp_path / "models")])
     info, err = bs._resolve_model(a, out, None)

@@ -163,6 +163,37 @@ def test_spec_conc_and_args_reach_the_spec_command(tmp_path, monkeypatch):
     assert (a.concurrency, a.output_len, a.study) == ("256", 1024, "spec")
 
 
+def test_qwen35_4b_and_pool_knobs_reach_the_serving_commands(tmp_path, monkeypatch):
+    """DECODE_MODELS=qwen35_4b and SPEC_MODEL=qwen35_4b run the dense Qwen3.5-4B look-alike with the
+    gdn model's pools; DECODE_POOL_ARGS replaces a model's pool flags (an H100 does not hold 1300
+    slots of 24 GDN layers)."""
+    bs = load_script("bench_serving")
+    for k in ("DECODE_SIDES", "SPEC_SIDES", "DECODE_POOL_ARGS", "SPEC_POOL_ARGS"):
+        monkeypatch.delenv(k, raising=False)
+
+    def cmds(**env):
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        r = _dry(tmp_path, "decode_fixed", "spec256")
+        assert r.returncode == 0, r.stderr
+        out = []
+        for cmd in _commands(r.stdout):
+            if "scripts/bench_serving.py" in cmd:
+                a = bs.parse_args(cmd[cmd.index("scripts/bench_serving.py") + 1:])
+                out.append((a.study, a.model, a.server_args))
+        return out
+
+    gdn_pool = "--max-mamba-cache-size 1300 --max-running-requests 256"
+    assert cmds(DECODE_MODELS="qwen35_4b", SPEC_MODEL="qwen35_4b") == [
+        ("decode", "qwen35_4b", gdn_pool), ("spec", "qwen35_4b", gdn_pool)]
+    small = "--disable-radix-cache --max-mamba-cache-size 300 --max-running-requests 256"
+    assert cmds(DECODE_MODELS="qwen35_4b gdn", DECODE_POOL_ARGS=small)[:2] == [
+        ("decode", "qwen35_4b", small), ("decode", "gdn", small)]
+    monkeypatch.setenv("DECODE_MODELS", "qwen3_5")
+    r = _dry(tmp_path, "decode_fixed")
+    assert r.returncode != 0 and "qwen35_4b" in r.stderr
+
+
 def test_unknown_step_is_refused(tmp_path):
     r = _dry(tmp_path, "spec_c1", "nonsense")
     assert r.returncode == 2 and "unknown step nonsense" in r.stderr

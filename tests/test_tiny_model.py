@@ -313,6 +313,8 @@ def test_no_weights_real_shapes(tmp_path):
          "Qwen3NextForCausalLM"),
         (["--preset", "nemotron_h", "--shape", "nemotron-3-super", "--pattern", "MEMEMEM*E"], (128, 64, 128), 4, 131072,
          "NemotronHForCausalLM"),
+        (["--preset", "qwen3_5", "--shape", "qwen3.5-4b", "--num-layers", "8"], (32, 128, 128), 6, 248320,
+         "Qwen3_5ForCausalLM"),
     ]
     for i, (argv, temporal, n_ssm, vocab, arch) in enumerate(cases):
         d = tmp_path / f"m{i}"
