@@ -1185,14 +1185,25 @@ def gpu_profile_case(a, port: int, prompts: list, concurrency: int, dst: Path) -
 
     import threading
 
-    poster = threading.Thread(target=post, daemon=True)
-    poster.start()
-    time.sleep(1.0)
-    # Enough requests that the profiled steps are reached (4 x 64 tokens is >= 64 steps at C=1 even
-    # when every verify accepts 4 tokens).
-    run_load(a.host, port, prompts[:max(2 * concurrency, 4)], min(a.output_len, 64), concurrency,
-             time.time() + 60, desc="profile", quiet=True)
-    poster.join(timeout=30)
+    load = (a.host, port, prompts[:max(2 * concurrency, 4)])
+    if a.gpu_profile_delay > 0:
+        # Profile the steady state: the rerun keeps the case's output length, and the profile starts
+        # this many seconds into it (past the first wave's prefill at large C, where the first steps
+        # of a rerun are prefill chunks and small decode batches).
+        loader = threading.Thread(target=run_load, args=(*load, a.output_len, concurrency, time.time() + 120),
+                                  kwargs=dict(desc="profile", quiet=True), daemon=True)
+        loader.start()
+        time.sleep(a.gpu_profile_delay)
+        post()
+        loader.join(timeout=120)
+    else:
+        poster = threading.Thread(target=post, daemon=True)
+        poster.start()
+        time.sleep(1.0)
+        # Enough requests that the profiled steps are reached (4 x 64 tokens is >= 64 steps at C=1
+        # even when every verify accepts 4 tokens).
+        run_load(*load, min(a.output_len, 64), concurrency, time.time() + 60, desc="profile", quiet=True)
+        poster.join(timeout=30)
     if "error" in answer:
         return answer
     deadline = time.time() + 60
@@ -1202,7 +1213,7 @@ def gpu_profile_case(a, port: int, prompts: list, concurrency: int, dst: Path) -
             time.sleep(1.0)  # let the export finish writing
             try:
                 out = summarize_gpu_trace(traces[0])
-                out.update(steps=a.gpu_profile_steps, trace=traces[0].name)
+                out.update(steps=a.gpu_profile_steps, trace=traces[0].name, delay_s=a.gpu_profile_delay)
                 return out
             except (OSError, ValueError, EOFError):
                 pass
@@ -1278,6 +1289,10 @@ def parse_args(argv=None):
                    help="after each measured case, profile N forward steps of a short rerun (C requests, <= 64 "
                         "tokens) with SGLang's /start_profile (GPU kernels only); kernel time by name goes into "
                         "the case file (gpu_profile)")
+    p.add_argument("--gpu-profile-delay", type=float, default=0.0, metavar="S",
+                   help="with --gpu-profile-steps: rerun at the case's output length and start the profile S "
+                        "seconds into it, so that it holds steady decode steps rather than the rerun's first "
+                        "prefill chunks (at C=256, input 512: ~16 chunks of 8192 tokens come first)")
     p.add_argument("--diag", default=None, metavar="DIR",
                    help="sample the servers' stacks (scripts/diag/sitecustomize.py, working folder DIR) over each "
                         "measured case; the samples land in OUT/diag/<case>/ "

@@ -69,6 +69,8 @@
 #   decode_fixed   GDN and Nano-9B decode with the same fixed pools on both sides (DECODE_MODELS=gdn|nano9b
 #                  for one model per call; DECODE_SIDES=stock,upstream,ours adds SGLang's own ReplaySSM)
 #   spec256        GDN spec at concurrency 256 and 128 vs stock spec, fixed pools (SPEC_SIDES as DECODE_SIDES)
+#   decode_prof    GDN decode at C=256, both sides, each with a GPU kernel profile of steady decode steps
+#                  (--gpu-profile-delay): where the served step saving falls short of the kernel's
 #   aime           AIME parity runner end to end on the tiny Qwen3-Next    [.aime_data .tiny]
 #
 # Each step logs to $OUT/<step>.log, packs its result folder as $OUT/<step>.tgz (report.md beside
@@ -619,6 +621,25 @@ step_spec256() {
     --out /tmp/b_spec256 --pack "$OUT/spec256.tgz" --time-budget $(( $(left) - 30 ))
 }
 
+step_decode_prof() {
+  # Session 33 (H100): the served decode steps at C=256 saved 127 us per GDN layer (17.73 -> 14.68 ms
+  # a step, 24 layers), against the 197 us the kernel benchmark saves per layer (425.8 -> 228.7 us),
+  # and ours' decode kernel ran at 214 us in its server's profile. This profiles both servers'
+  # steady decode steps (PROF_DELAY_S, default 8 s into a rerun at output 512, past the first wave's
+  # prefill chunks) and prints the kernels whose time differs most (scripts/diag/gpu_compare.py).
+  # PROF_MODEL (default gdn), PROF_POOL_ARGS (default the H100-sized pools of session 33).
+  env_ready
+  local m=${PROF_MODEL:-gdn} d=/tmp/b_prof_${PROF_MODEL:-gdn}
+  run "${BENCH[@]}" --model "$m" --study decode --only "${PROF_SIDES:-stock,ours}" --concurrency 256 --output-len 512 \
+    --gpu-profile-steps "${PROF_STEPS:-24}" --gpu-profile-delay "${PROF_DELAY_S:-8}" \
+    --server-args="${PROF_POOL_ARGS:---disable-radix-cache --max-mamba-cache-size 300 --max-running-requests 256}" \
+    --out "$d" --pack "$OUT/decode_prof_$m.tgz" --time-budget $(( $(left) - 30 ))
+  [ "$DRY" = 1 ] && return 0
+  "$PY" scripts/diag/gpu_compare.py "$d"/cases/*__decode__stock__c256__*.json "$d"/cases/*__decode__ours__c256__*.json \
+    --top 25 >"$OUT/decode_prof_compare.txt" 2>&1 || true
+  cat "$OUT/decode_prof_compare.txt"
+}
+
 step_aime() {
   env_ready
   run "$PY" scripts/aime_parity.py --data-dir .aime_data --model .tiny/qwen3_next --years 2024 --limit 4 --n 2 \
@@ -626,7 +647,7 @@ step_aime() {
     --time-budget $(( $(left) - 30 ))
 }
 
-STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_order gdn_pdl gdn_prep gdn_plan4 gdn_vloop gdn_vsmall gdn_vtiers gdn_ring32 gdn_vfold gdn_dflush gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 aime)
+STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_order gdn_pdl gdn_prep gdn_plan4 gdn_vloop gdn_vsmall gdn_vtiers gdn_ring32 gdn_vfold gdn_dflush gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 decode_prof aime)
 [ $# -gt 0 ] || { echo "usage: $0 STEP [STEP ...]; steps: ${STEPS[*]}" >&2; exit 2; }
 for s in "$@"; do
   [[ " ${STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s; steps: ${STEPS[*]}" >&2; exit 2; }

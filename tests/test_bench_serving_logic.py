@@ -537,6 +537,8 @@ class H(JsonHandler):
             return
         if self.path == "/start_profile":  # SGLang exports a chrome trace after num_steps steps
             prof_mark[0] = served[0]
+            with lock:
+                inflight = running[0]  # requests streaming when the profile was asked for
             prof = json.loads(body)
             assert prof["activities"] == ["GPU"] and prof["num_steps"] > 0
             import gzip
@@ -553,7 +555,7 @@ class H(JsonHandler):
                 self._json(500, {"error": "no steps ran"})
                 return
             with gzip.open(path, "wt") as fh:
-                json.dump({"traceEvents": events}, fh)
+                json.dump({"traceEvents": events, "fake_inflight_at_start": inflight}, fh)
             self._json(200, {})
             return
         if oom:  # SGLang's scheduler dies on the first prefill; the HTTP server goes with it
@@ -861,6 +863,23 @@ def test_gpu_profile_per_case(fake):
                         str(cases / "gdn__decode__ours__c2__i8o12.json")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "1.6 us of kernels per step" in r.stdout and "ours_kernel" in r.stdout
+    assert_all_stopped(fake["pidfile"])
+
+
+def test_gpu_profile_delay_profiles_while_the_rerun_runs(fake):
+    """--gpu-profile-delay: the profile request goes out while the rerun's load is in flight (the fake
+    server answers only once a request finished after it arrived, as SGLang does after its steps)."""
+    # 200 tokens at the fake's 3 ms a step: each wave of the rerun takes ~0.6 s, so the profile
+    # request lands 0.3 s into the first one.
+    assert _run(fake, "gdn", "--only", "ours", "--gpu-profile-steps", "8", "--gpu-profile-delay", "0.3",
+                "--output-len", "200", concs="2") == 0
+    case = json.loads((fake["out"] / "cases" / "gdn__decode__ours__c2__i8o200.json").read_text())
+    prof = case["gpu_profile"]
+    assert "error" not in prof, prof
+    assert prof["delay_s"] == 0.3 and prof["kernel_us"] == 12.5, prof
+    (trace,) = (fake["out"] / "gpuprof").glob("*/*.trace.json.gz")
+    with gzip.open(trace, "rt") as fh:
+        assert json.load(fh)["fake_inflight_at_start"] > 0, "the profile must start inside the rerun's load"
     assert_all_stopped(fake["pidfile"])
 
 
