@@ -103,24 +103,27 @@ def test_every_step_command_parses(tmp_path, monkeypatch):
     assert seen == {"bench": 9, "aime": 1, "e2e": 5, "fit": 3, "kernels": 57}, seen
 
 
+def _serving_args(tmp_path, *steps):
+    """bench_serving's parsed arguments for every bench_serving command the steps would run."""
+    bs = load_script("bench_serving")
+    r = _dry(tmp_path, *steps)
+    assert r.returncode == 0, r.stderr
+    return [bs.parse_args(cmd[cmd.index("scripts/bench_serving.py") + 1:])
+            for cmd in _commands(r.stdout) if "scripts/bench_serving.py" in cmd]
+
+
 def test_sides_knobs_reach_the_serving_commands(tmp_path, monkeypatch):
     """DECODE_SIDES / SPEC_SIDES put SGLang's own ReplaySSM (`upstream`) beside stock and ours in the
     fixed-pool studies; the default stays stock and ours."""
-    bs = load_script("bench_serving")
-
     def sides(extra):
         for k in ("DECODE_SIDES", "SPEC_SIDES", "DECODE_MODELS"):
             monkeypatch.delenv(k, raising=False)
         for k, v in extra.items():
             monkeypatch.setenv(k, v)
-        r = _dry(tmp_path, "decode_fixed", "spec256")
-        assert r.returncode == 0, r.stderr
         got = []
-        for cmd in _commands(r.stdout):
-            if "scripts/bench_serving.py" in cmd:
-                a = bs.parse_args(cmd[cmd.index("scripts/bench_serving.py") + 1:])
-                got.append((a.study, a.model, a.only))
-                upstream_args.append(a.upstream_args)
+        for a in _serving_args(tmp_path, "decode_fixed", "spec256"):
+            got.append((a.study, a.model, a.only))
+            upstream_args.append(a.upstream_args)
         return got
 
     upstream_args = []
@@ -151,10 +154,8 @@ def test_spec_conc_and_args_reach_the_spec_command(tmp_path, monkeypatch):
             monkeypatch.delenv(k, raising=False)
         for k, v in extra.items():
             monkeypatch.setenv(k, v)
-        r = _dry(tmp_path, "spec256")
-        assert r.returncode == 0, r.stderr
-        (cmd,) = [c for c in _commands(r.stdout) if "scripts/bench_serving.py" in c]
-        return bs.parse_args(cmd[cmd.index("scripts/bench_serving.py") + 1:])
+        (a,) = _serving_args(tmp_path, "spec256")
+        return a
 
     default_out = bs.parse_args(["--model", "gdn", "--out", str(tmp_path / "b")]).output_len
     a = spec({})
@@ -167,21 +168,13 @@ def test_qwen35_4b_and_pool_knobs_reach_the_serving_commands(tmp_path, monkeypat
     """DECODE_MODELS=qwen35_4b and SPEC_MODEL=qwen35_4b run the dense Qwen3.5-4B look-alike with the
     gdn model's pools; DECODE_POOL_ARGS replaces a model's pool flags (an H100 does not hold 1300
     slots of 24 GDN layers)."""
-    bs = load_script("bench_serving")
     for k in ("DECODE_SIDES", "SPEC_SIDES", "DECODE_POOL_ARGS", "SPEC_POOL_ARGS"):
         monkeypatch.delenv(k, raising=False)
 
     def cmds(**env):
         for k, v in env.items():
             monkeypatch.setenv(k, v)
-        r = _dry(tmp_path, "decode_fixed", "spec256")
-        assert r.returncode == 0, r.stderr
-        out = []
-        for cmd in _commands(r.stdout):
-            if "scripts/bench_serving.py" in cmd:
-                a = bs.parse_args(cmd[cmd.index("scripts/bench_serving.py") + 1:])
-                out.append((a.study, a.model, a.server_args))
-        return out
+        return [(a.study, a.model, a.server_args) for a in _serving_args(tmp_path, "decode_fixed", "spec256")]
 
     gdn_pool = "--max-mamba-cache-size 1300 --max-running-requests 256"
     assert cmds(DECODE_MODELS="qwen35_4b", SPEC_MODEL="qwen35_4b") == [
