@@ -171,8 +171,6 @@ DECODE_CONFIGS = ((0, 32, 1, 3, 32, 0, 0), (2, 16, 1, 3, 32, 0, 1), (2, 16, 1, 3
 # (32, 4, 2, 0): the one-launch verify, for small batches, where the two-launch default adds a
 # launch per layer (batch 1: 23.9 us in run 3 vs 24.7 us for the default in run 5, SGLang 15.7 us;
 # never timed side by side).
-# --vfold: also time the spec step with the verify's own fold (configs.gdn_verify_fold).
-VFOLD = False
 DECODE_ONLY = False  # --gdn-decode-only: the GDN decode rows alone
 VERIFY_SWEEP = ((32, 1, 2, 0), (32, 4, 2, 0), (64, 4, 2, 1), (64, 2, 2, 2), (128, 4, 2, 2), (128, 8, 2, 2))
 
@@ -378,17 +376,14 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
             wpos.zero_()
             origin.zero_()
             tickets = torch.zeros(S, dtype=torch.int32, device=dev)
-            vfold = torch.zeros(S, dtype=torch.int32, device=dev)
 
             def ours_spec():
-                # The backend's verify and commit (backends/gdn.py, pool.replayssm_commit): the verify
-                # folds itself with gdn_verify_fold on; the commit is one launch below
-                # gdn_commit_fused_below rows.
+                # The backend's commit (pool.replayssm_commit): one launch below gdn_commit_fused_below rows.
                 for t in range(n_steps):
                     for i in range(sets):
                         gdn_replay_verify(qs[i], ks[i], vs[i], as_[i], bs_[i], A_log, dt_bias, state, rings,
-                                          slots[i], wpos, origin, out=ov, vfold=vfold, max_draft_tokens=T)
-                        gdn_commit(state[None], rings_all, slots[i], wpos, origin, accs[t], T, tickets, vfold=vfold)
+                                          slots[i], wpos, origin, out=ov)
+                        gdn_commit(state[None], rings_all, slots[i], wpos, origin, accs[t], T, tickets)
             cfgs = VERIFY_CONFIGS + (VERIFY_SWEEP if sweep else ())
             for cfg in cfgs:
                 with override("gdn_verify", cfg):
@@ -398,14 +393,6 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
             row["spec_ours_us"] = row["spec_ours_us_" + row["spec_ours_cfg"]]
             # What a server runs (the default plan at this batch), beside the best timed plan.
             row["spec_default_us"] = row.get("spec_ours_us_" + row["spec_default_cfg"])
-            # The verify's own fold (configs.gdn_verify_fold) on the default plan and on the best, then
-            # the default plan with other numbers of programs per folding row.
-            runs = ((("default", gdn_verify_plan(B), 8), ("best", best, 8), ("s1", gdn_verify_plan(B), 1),
-                     ("s2", gdn_verify_plan(B), 2), ("s4", gdn_verify_plan(B), 4)) if VFOLD else ())
-            for name, plan, fsplit in runs:
-                with override("gdn_verify", plan), override("gdn_verify_fold", (1,)), \
-                        override("gdn_verify_fold_split", (fsplit,)):
-                    row[f"spec_vfold_{name}_us"] = time_graph(ours_spec, sets * n_steps, reps)
             with override("gdn_verify", best), override("gdn_fold_cols", (32,)):
                 row["spec_ours_fold32_us"] = time_graph(ours_spec, sets * n_steps, reps)
             # The commit both ways: commit_prepare + fold, and one launch (configs.gdn_commit_fused_below).
@@ -446,10 +433,6 @@ def gdn_correctness_check(sweep=False):
             t.test_gdn_verify_commit(2, 4, 8, 128, 128, 16, 4, torch.float32, 10, "cuda", check)
     with override("gdn_fold_cols", (32,)):
         t.test_gdn_verify_commit(4, 16, 32, 128, 128, 16, 4, torch.bfloat16, 20, "cuda", check)
-    for cfg in VERIFY_CONFIGS if VFOLD else ():  # the verify's own fold, where a plan has it (products 6)
-        if cfg[3] == 6:
-            with override("gdn_verify", cfg), override("gdn_verify_fold", (1,)):
-                t.test_gdn_verify_commit(4, 16, 32, 128, 128, 16, 4, torch.bfloat16, 20, "cuda", check)
     for unroll in (GDN_UNROLL_SWEEP if sweep else ()):
         with override("gdn_replay_unroll", (unroll,)):
             t.test_gdn_decode(2, 16, 32, 128, 128, 16, torch.bfloat16, 34, "cuda", check)
@@ -724,11 +707,8 @@ def main(argv=None):
                    "VERIFY_CONFIGS, e.g. 16x1x1x6x8,32x2x2x6,16x1x2x6")
     p.add_argument("--gdn-decode-only", action="store_true", help="GDN: check and time the decode only (no spec "
                    "verify + commit rows: a decode plan sweep in less device time)")
-    p.add_argument("--vfold", action="store_true", help="GDN: also check and time the spec step with the verify's "
-                   "own fold (gdn_verify_fold=1) on the default and the best plan (spec_vfold_*_us)")
     args = p.parse_args(argv)
-    global DECODE_CONFIGS, VERIFY_CONFIGS, VFOLD, DECODE_ONLY
-    VFOLD = args.vfold
+    global DECODE_CONFIGS, VERIFY_CONFIGS, DECODE_ONLY
     DECODE_ONLY = args.gdn_decode_only
     if args.gdn_decode_plans:
         DECODE_CONFIGS = _plan_list(p, "gdn_decode", args.gdn_decode_plans)

@@ -42,8 +42,6 @@
 #                  decode with its default plan only), then the GDN verify tests with the defaults  [.site]
 #   gdn_ring32     GDN decode and spec at 256 with ring length 16, then 32 (the commit's folds half as
 #                  often), default plans                                                     [.site]
-#   gdn_vfold      the GDN verify's own fold (session 31, gdn_verify_fold, never on a GPU): its GPU tests,
-#                  then the benchmark at 256/64/8/1 with the default plans (spec_vfold_*_us)  [.site]
 #   gdn_dflush     GDN decode plan 5 with a flush split (session 31, never on a GPU): the plan-5 decode
 #                  tests, then the benchmark at 256/128/64 beside plan 3 and plan 5 split 2       [.site]
 #   gdn_small      GDN spec below batch 64: the one-launch commit (cursor move inside the fold): tests
@@ -347,31 +345,13 @@ step_gdn_ring32() {
   # each fold reads and writes the checkpoint. A 32-entry ring (`--replayssm-ring-len 32`) folds
   # half as often, for twice the ring memory and longer ring reads in the verify and the decode.
   # The benchmark at 256 with L = 16 and then L = 32, default plans only (decode and verify), in one
-  # call so both have the same machine; with the verify's own fold too (--vfold, session 31: it folds
-  # when wp + 2T > L, i.e. past 24 entries at L = 32).
+  # call so both have the same machine.
   local d="$OUT/gdn_ring32" L
   for L in 16 32; do
     run env OUT="$d/L$L" BENCH_TIMEOUT=$(( $(left) / (L == 16 ? 2 : 1) - 10 )) BENCH_ARGS="--family gdn --batches 256 --reps 12 \
---ring-len $L --vfold --gdn-decode-plans 3x16x1x3x8x0x1 --gdn-verify-plans 16x1x2x6,32x2x2x6" \
+--ring-len $L --gdn-decode-plans 3x16x1x3x8x0x1 --gdn-verify-plans 16x1x2x6,32x2x2x6" \
       bash scripts/device_kernels.sh bench
   done
-}
-
-step_gdn_vfold() {
-  # Session 31 (no GPU): the commit's fold moved into the verify's one launch (gdn_verify_fold=1,
-  # products 6): a row whose ring has no room for this window and the next folds there, from the
-  # checkpoint tiles that launch reads anyway, and the commit only moves the cursors (vfold). Run 15:
-  # verify alone 218.1 us of the 332.0 us step at batch 256 (HV = 32), the commit's fold reading and
-  # writing the checkpoint of ~1/5 of the rows per step. First the fold's GPU tests (shuffle form at
-  # one warp, tree form at two; committed state torch.equal to SGLang's kernel), then the benchmark
-  # with the default plans, whose rows time the step both ways (spec_default_us / spec_vfold_default_us).
-  # Make it the default (configs._GDN_VERIFY_FOLD) where it is faster, then served parity.
-  local d="$OUT/gdn_vfold"
-  run env OUT="$d" GDNTESTS_TIMEOUT=150 GDNTESTS_K="vfold or folds_in_its_launch or fold_on_verify" \
-    bash scripts/device_kernels.sh gdntests
-  run env OUT="$d" BENCH_TIMEOUT=$(( $(left) - 15 )) BENCH_ARGS="--family gdn --batches 256,64,8,1 --reps 12 --vfold \
---gdn-decode-plans 3x16x1x3x8x0x1 --gdn-verify-plans 16x1x1x6x8,32x2x2x6,16x1x2x6" \
-    bash scripts/device_kernels.sh bench
 }
 
 step_gdn_dflush() {
@@ -649,7 +629,7 @@ step_aime() {
     --time-budget $(( $(left) - 30 ))
 }
 
-STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_order gdn_pdl gdn_prep gdn_plan4 gdn_vloop gdn_vsmall gdn_vtiers gdn_ring32 gdn_vfold gdn_dflush gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 decode_prof aime)
+STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_order gdn_pdl gdn_prep gdn_plan4 gdn_vloop gdn_vsmall gdn_vtiers gdn_ring32 gdn_dflush gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 decode_prof aime)
 [ $# -gt 0 ] || { echo "usage: $0 STEP [STEP ...]; steps: ${STEPS[*]}" >&2; exit 2; }
 for s in "$@"; do
   [[ " ${STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s; steps: ${STEPS[*]}" >&2; exit 2; }

@@ -92,7 +92,7 @@ def gdn_pointers(**types) -> dict:
     act = {n: "*bf16" for n in ("q", "k", "v", "a", "b", "o", "ring_d", "ring_rawv", "ring_rawk", "ring_fk")}
     f32 = {n: "*fp32" for n in ("A_log", "dt_bias", "state", "dst", "ring_k", "ring_g", "ring_beta", "scratch")}
     i32 = {n: "*i32" for n in ("slot_idx", "row_wp", "row_flush", "origin", "wpos", "dst_idx", "row_nfold",
-                               "row_origin", "snap_at", "snap_slot", "num_accepted", "tickets", "vfold")}
+                               "row_origin", "snap_at", "snap_slot", "num_accepted", "tickets")}
     return {**act, **f32, **i32, **types}
 
 
@@ -313,19 +313,6 @@ STATE_LOOP_PLANS = (
 )
 
 
-# (label, BV, warps, stages, VS, FTREE, VSF): products 6 with the verify's own fold (session 31,
-# configs.gdn_verify_fold) in the replay form the launcher picks (the shuffle form at one warp, the
-# tree form at two) and VSF programs per (row, value head) of a folding row (gdn_verify_fold_split 8).
-STATE_FOLD_PLANS = (
-    ("no prep launch, 16-row tiles, 2 stages, with the verify's own fold (shuffle form, 8 programs per folding "
-     "row and value head)", 16, 1, 2, 1, 2, 8),
-    ("no prep launch, 32-row tiles, 2 warps, 2 stages, with the verify's own fold (tree form, 4 programs per "
-     "folding row and value head)", 32, 2, 2, 1, 1, 4),
-    ("no prep launch, 16-row tiles, 1 stage, 8 programs per row and value head, with the verify's own fold "
-     "(shuffle form)", 16, 1, 1, 8, 2, 8),
-)
-
-
 def _loop_body(ins: list[str], labels: dict[str, int]) -> int:
     """Instructions of the longest loop in a SASS listing (a branch back to an earlier label),
     branch included; 0 if there is none."""
@@ -357,10 +344,6 @@ def state_launch_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
                {**{n: x for n, x in common.items() if not (fused and n == "NS")}, "BV": bv, "RT": False,
                 "NSTG": stages, **({"TREE": 2, "RAW_K": False} if fused else {}), **({"VS": vs[0]} if vs else {})})
               for what, bv, warps, stages, fused, *vs in STATE_LOOP_PLANS]
-    plans += [("tensor cores, " + what, verify_loop._gdn_verify_fused_kernel, bv, warps, stages,
-               {**{n: x for n, x in common.items() if n != "NS"}, "BV": bv, "RT": False, "NSTG": stages, "TREE": 2,
-                "RAW_K": False, "VS": vs, "FOLD": True, "FTREE": ftree, "BVF": 8, "VSF": vsf})
-              for what, bv, warps, stages, vs, ftree, vsf in STATE_FOLD_PLANS]
     rows = []
     for what, kern, bv, warps, stages, c in plans:
         compiled = compile_variant(kern, signature(kern, ptrs, c), c, warps, stages)

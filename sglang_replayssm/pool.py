@@ -8,9 +8,7 @@ slot (all `size + 1` slots, the padding slot included) and SSM layer, see docs/d
                   a zero-length ring axis unless the plain replay form is in effect at allocation)
     Mamba-2 rings rssm_x [Lm, S, NH, L, P], rssm_B [Lm, S, G, L, N], rssm_dt [Lm, S, NH, L]
     cursors   replayssm_wpos, replayssm_origin  [S] int32, shared by all layers
-              (replayssm_tickets [S] int32: the one-launch GDN commit's counters, 0 between launches;
-              replayssm_vfold [S] int32: entries a GDN verify folded itself, for the commit after
-              it, 0 between steps; configs.gdn_verify_fold)
+              (replayssm_tickets [S] int32: the one-launch GDN commit's counters, 0 between launches)
 
 The ring tensors are fields of the pool's `State` (so `mamba2_layer_cache(i)` slices them per
 layer like conv/temporal, and PD transfer skips them via `_NON_TRANSFER_STATE_FIELDS`), and the
@@ -66,7 +64,7 @@ MAMBA2_RING_FIELDS = {"x": "rssm_x", "B": "rssm_B", "dt": "rssm_dt"}
 RING_FIELDS = {"gdn": GDN_RING_FIELDS, "mamba2": MAMBA2_RING_FIELDS}
 RING_FIELD_NAMES = frozenset(GDN_RING_FIELDS.values()) | frozenset(MAMBA2_RING_FIELDS.values())
 
-CURSOR_BYTES_PER_SLOT = 4 * 4  # replayssm_wpos, replayssm_origin, replayssm_tickets, replayssm_vfold: int32
+CURSOR_BYTES_PER_SLOT = 3 * 4  # replayssm_wpos, replayssm_origin, replayssm_tickets: int32
 
 
 # ------------------------------------------------------------------------------ build context
@@ -291,9 +289,6 @@ class ReplaySSMMambaPool(MambaPool):
             # Ticket counters of the one-launch GDN commit (replayssm_kernels.gdn.gdn_commit); always 0
             # between launches.
             self.replayssm_tickets = torch.zeros((num_slots,), dtype=torch.int32, device=device)
-            # Entries a GDN verify folded into the checkpoint itself (gdn_replay_verify's vfold), read
-            # and cleared by the commit after it; 0 between steps.
-            self.replayssm_vfold = torch.zeros((num_slots,), dtype=torch.int32, device=device)
             windows = None
             if speculative_num_draft_tokens is not None:
                 windows = self._alloc_conv_windows(
@@ -407,20 +402,11 @@ class ReplaySSMMambaPool(MambaPool):
             from replayssm_kernels.gdn.fold import gdn_commit
 
             gdn_commit(temporal, rings, slots, self.replayssm_wpos, self.replayssm_origin, num_accepted,
-                       max_draft_tokens, self.replayssm_tickets, vfold=self.replayssm_commit_vfold)
+                       max_draft_tokens, self.replayssm_tickets)
             return
         n_fold, origin = commit_prepare(slots, self.replayssm_wpos, self.replayssm_origin, num_accepted,
-                                        self.replayssm_ring_len, max_draft_tokens, vfold=self.replayssm_commit_vfold)
+                                        self.replayssm_ring_len, max_draft_tokens)
         self.replayssm_fold_fn(temporal, rings, slots, n_fold, origin)
-
-    @property
-    def replayssm_commit_vfold(self) -> Optional[torch.Tensor]:
-        """The `vfold` buffer the commit reads: only while a GDN verify may write it
-        (`configs.gdn_verify_fold`, read when the verify and the commit are launched or captured);
-        otherwise None, and the commit launch is the one without it."""
-        from replayssm_kernels.configs import gdn_verify_fold
-
-        return self.replayssm_vfold if self.replayssm_family == "gdn" and gdn_verify_fold() else None
 
     def set_replayssm_fold(self, fn: FoldFn) -> None:
         """Register the exact fold used by `copy_from`:
@@ -461,12 +447,11 @@ class ReplaySSMMambaPool(MambaPool):
         if self.replayssm_wpos.is_cuda or _triton_interpret():
             from replayssm_kernels import reset_cursors
 
-            reset_cursors(idx, self.replayssm_wpos, self.replayssm_origin, self.replayssm_vfold)
+            reset_cursors(idx, self.replayssm_wpos, self.replayssm_origin)
             return
         idx = idx[idx >= 0]
         self.replayssm_wpos[idx] = 0
         self.replayssm_origin[idx] = 0
-        self.replayssm_vfold[idx] = 0
 
     def _as_index(self, indices) -> torch.Tensor:
         """1-D integer index tensor on the pool's device; a no-op for SGLang's slot tensors."""

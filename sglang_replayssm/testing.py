@@ -58,8 +58,6 @@ class _RingHarness:
         self.origin = torch.zeros(self.num_slots, dtype=torch.int32, device=self.device)
         # The one-launch GDN commit's per-slot ticket counters (the pool keeps the same).
         self.tickets = torch.zeros(self.num_slots, dtype=torch.int32, device=self.device)
-        # Entries a GDN verify folded itself (configs.gdn_verify_fold), for the commit (the pool's too).
-        self.vfold = torch.zeros(self.num_slots, dtype=torch.int32, device=self.device)
         self._mode: Optional[str] = None
         self._pending_verify: Optional[int] = None
         # Decode steps run (the phase counter of configs.gdn_flush_phase); GDNHarness turns it on.
@@ -120,7 +118,6 @@ class _RingHarness:
     def _reset_cursors(self) -> None:
         self.wpos.zero_()
         self.origin.zero_()
-        self.vfold.zero_()
         self._pending_verify = None
 
 
@@ -178,13 +175,12 @@ class GDNHarness(_RingHarness):
         self._verify_begin(k.shape[1])
         rings = self._rings_for(k.dtype)
         return gdn_replay_verify(q, k, v, a, b, self.A_log, self.dt_bias, self._state[0], rings.layer(0),
-                                 self.slot_idx, self.wpos, self.origin, vfold=self.vfold,
-                                 max_draft_tokens=self.max_draft_tokens)
+                                 self.slot_idx, self.wpos, self.origin)
 
     def commit(self, num_accepted) -> None:
         """Accept `num_accepted[i]` (1..T') drafts of row i; folds when the next window needs room."""
         gdn_commit(self._state, self._rings, self.slot_idx, self.wpos, self.origin, self._accepted(num_accepted),
-                   self.max_draft_tokens, self.tickets, vfold=self.vfold)
+                   self.max_draft_tokens, self.tickets)
 
     def state(self) -> torch.Tensor:
         """Committed state `[batch, HV, V, K]` fp32: checkpoint + pending entries, exactly folded."""

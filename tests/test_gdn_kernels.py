@@ -266,193 +266,18 @@ def test_gdn_verify_loop_split(plan, device, assert_within_baseline):
         test_gdn_verify_commit(*case, device, assert_within_baseline, key_corr=0.9)
 
 
-# The verify's own fold (configs.gdn_verify_fold): one-launch plans at 1 and 2 warps, with a loop split;
-# the commit in one launch or two; folding rows with their own number of programs (V = 48: three
-# 16-row tiles, so 8 asked gives 3, against the plan's 1 or 2) or with one.
-VERIFY_FOLD_RUNS = [
-    pytest.param((16, 1, 2, 6), 1, 8, id="16x1x2x6-commit1-fsplit8"),
-    pytest.param((16, 1, 2, 6), 2, 1, id="16x1x2x6-commit2-fsplit1"),
-    pytest.param((16, 1, 1, 6, 2), 1, 8, id="16x1x1x6x2-commit1-fsplit8"),
-    pytest.param((16, 1, 1, 6, 2), 2, 1, id="16x1x1x6x2-commit2-fsplit1"),
-    pytest.param((32, 2, 2, 6), 2, 8, id="32x2x2x6-commit2-fsplit8"),
-]
-
-
-@pytest.mark.parametrize("plan,commit_launches,fold_split", VERIFY_FOLD_RUNS)
-def test_gdn_verify_folds_in_its_launch(plan, commit_launches, fold_split, device, assert_within_baseline):
-    """With `gdn_verify_fold` on, a row whose pending entries leave no room for this window and the
-    next (`wp + T + T_max > L`) is folded by the verify itself: `vfold` holds its pending count
-    after the verify, the commit (one launch or two) moves the origin past it, clears `vfold` and
-    folds nothing itself (with full windows the early flush never fires), and after every commit
-    the state is `torch.equal` to SGLang's kernel, the outputs within the baseline's error."""
-    from replayssm_kernels.configs import override
-
-    B, H, HV, K, V, L, T_max = 3, 2, 4, 32, 48, 16, 4
-    gen = torch.Generator().manual_seed(77)
-    A_log, dt_bias = _params(HV, device, gen)
-    with override("gdn_verify", plan), override("gdn_verify_fold", (1,)), \
-            override("gdn_verify_fold_split", (fold_split,)), \
-            override("gdn_commit_fused_below", (B + 1 if commit_launches == 1 else 0,)):
-        h = GDNHarness(batch=B, num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V,
-                       A_log=A_log, dt_bias=dt_bias, ring_len=L, max_draft_tokens=T_max, device=device)
-        S0 = (torch.randn(B, HV, V, K, generator=gen) * 0.3).to(device)
-        h.set_state(S0)
-        S_base, S_ref = S0.clone(), S0.double()
-        slots = h.slot_idx.long()
-        # On the GPU a 2-warp launch folds only in the tree form (K = 128): at K = 32 the plain form
-        # would follow one warp's lanes, so the launcher leaves the fold to the commit there.
-        folds = plan[1] == 1 or device == "cpu"
-        verify_folds = 0
-        for step in range(10):
-            q, k, v, a, b = _inputs(B, T_max, H, HV, K, V, bf16, device, gen)
-            wp = h.pending()
-            o = h.verify(q, k, v, a, b)
-            o_base = _baseline(S_base.clone(), q, k, v, a, b, A_log, dt_bias, update=False)
-            o_ref, _ = gdn_recurrent_ref(q, k, v, a, b, A_log, dt_bias, S_ref)
-            assert_within_baseline(f"step {step}", o, o_base, o_ref, bf16)
-            expect = torch.where((wp + 2 * T_max > L) & folds, wp, torch.zeros_like(wp))
-            assert h.vfold[slots].tolist() == expect.tolist(), f"step {step}"
-            verify_folds += int((expect > 0).sum())
-            acc = torch.randint(1, T_max + 1, (B,), generator=gen).to(device).int()
-            h.commit(acc)
-            n = wp - expect + acc
-            assert h.pending().tolist() == torch.where(n + T_max > L, 0, n).tolist(), f"step {step}"
-            assert not bool(h.vfold.any()), "the commit clears vfold"
-            _advance_rows(S_base, S_ref, acc.cpu(), q, k, v, a, b, A_log, dt_bias)
-            assert torch.equal(h.state(), S_base), f"state differs from SGLang's kernel after commit {step}"
-        assert verify_folds >= B or not folds, "every row must fold in a verify at least once"
-
-
-@pytest.mark.parametrize("case,plan", [
-    pytest.param("B2-K128-V128-L8-T4-bf16", (16, 1, 2, 6), id="K128-16x1x2x6"),
-    pytest.param("B2-K128-V128-L8-T4-bf16", (32, 2, 2, 6), id="K128-32x2x2x6"),
-    pytest.param("B3-L4-T3-bf16", (16, 1, 1, 6, 8), id="L4-16x1x1x6x8"),
-])
-def test_gdn_verify_fold_on_verify_cases(case, plan, device, assert_within_baseline):
-    """The verify's own fold on the main verify test (windows of random length, so the commit's
-    early flush still fires after short windows): K = 128 (on the GPU the shuffle form at one warp,
-    the tree form at two) and a 4-entry ring."""
-    from replayssm_kernels.configs import override
-
-    values = next(c.values for c in VERIFY_CASES if c.id == case)
-    with override("gdn_verify", plan), override("gdn_verify_fold", (1,)):
-        test_gdn_verify_commit(*values, device, assert_within_baseline, key_corr=0.9 if values[3] == 128 else 0.0)
-
-
-def test_gdn_verify_fold_off_and_other_plans_leave_vfold_alone(device):
-    """`vfold` is written only by a one-launch plan with `gdn_verify_fold` on: with it off, or with
-    a two-launch plan, a full ring folds in the commit as before and `vfold` stays 0."""
-    from replayssm_kernels.configs import override
-
-    B, H, HV, K, V, L, T_max = 2, 1, 2, 32, 16, 8, 4
-    gen = torch.Generator().manual_seed(5)
-    A_log, dt_bias = _params(HV, device, gen)
-    for plan, on in (((16, 1, 2, 6), 0), ((32, 1, 2, 4), 1)):
-        with override("gdn_verify", plan), override("gdn_verify_fold", (on,)):
-            h = GDNHarness(batch=B, num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V,
-                           A_log=A_log, dt_bias=dt_bias, ring_len=L, max_draft_tokens=T_max, device=device)
-            h.set_state((torch.randn(B, HV, V, K, generator=gen) * 0.3).to(device))
-            for step in range(3):
-                wp = h.pending()
-                h.verify(*_inputs(B, T_max, H, HV, K, V, bf16, device, gen))
-                assert not bool(h.vfold.any()), (plan, on, step)
-                acc = torch.full((B,), T_max, dtype=torch.int32, device=device)
-                h.commit(acc)
-                n = wp + acc
-                assert h.pending().tolist() == torch.where(n + T_max > L, 0, n).tolist(), (plan, on, step)
-
-
-def test_gdn_verify_fold_config():
-    """The two knobs of the verify's own fold: their values, their refusals, and `describe()`."""
+def test_removed_verify_fold_keys_are_refused(monkeypatch):
+    """The verify's own fold was removed in session 33 (measured slower, docs/perf.md run 16): its two
+    REPLAYSSM_CONFIG keys are unknown now and refused like any other, with the known names listed."""
     from replayssm_kernels import configs
 
-    assert configs.gdn_verify_fold() is False and configs.gdn_verify_fold_split() == 8
-    with configs.override("gdn_verify_fold", (1,)), configs.override("gdn_verify_fold_split", (2,)):
-        assert configs.gdn_verify_fold() is True and configs.gdn_verify_fold_split() == 2
-        assert "gdn_verify_fold=1 " in configs.describe() and "gdn_verify_fold_split=2 " in configs.describe()
-    with configs.override("gdn_verify_fold", (2,)), pytest.raises(ValueError, match="gdn_verify_fold"):
-        configs.gdn_verify_fold()
-    with configs.override("gdn_verify_fold_split", (0,)), pytest.raises(ValueError, match="gdn_verify_fold_split"):
-        configs.gdn_verify_fold_split()
-
-
-def test_commit_with_vfold_is_the_commit_after_that_fold(device):
-    """Every commit launch with `vfold` equals the same commit on cursors whose origin already moved
-    past the folded entries (`wpos - vf`, `origin + vf`), clears `vfold` on its rows' slots only,
-    and the one-launch GDN commit does the same; `reset_cursors` clears `vfold` too."""
-    from replayssm_kernels import commit_prepare_chain_tracked, commit_prepare_tracked, reset_cursors
-    from replayssm_kernels.gdn import gdn_commit
-
-    g = torch.Generator().manual_seed(21)
-    S, B, L, T = 40, 33, 16, 4
-    for trial in range(3):
-        slot, wpos, origin = _random_commit_rows(g, S, B, L, T, torch.int32)
-        vf = torch.where(torch.rand(S, generator=g) < 0.5, wpos, torch.zeros_like(wpos))
-        acc = torch.randint(1, T + 1, (B,), generator=g, dtype=torch.int32)
-        steps = torch.randint(-1, T, (B,), generator=g, dtype=torch.int32)
-        steps = torch.where(steps < acc, steps, torch.full_like(steps, -1))
-        track = torch.randint(0, S, (B,), generator=g, dtype=torch.int32)
-        seq_lens = torch.randint(1, 100, (B,), generator=g, dtype=torch.int32)
-        valid = slot[slot >= 0].long()
-        vf_after = vf.clone()
-        vf_after[valid] = 0
-        w_adj, o_adj = wpos.clone(), origin.clone()
-        w_adj[valid] -= vf[valid]
-        o_adj[valid] = (o_adj[valid] + vf[valid]) % L
-        calls = [
-            lambda w, o, **kw: commit_prepare(slot.to(device), w, o, acc.to(device), L, T, **kw),
-            lambda w, o, **kw: commit_prepare_tracked(slot.to(device), w, o, acc.to(device), L, T, steps.to(device),
-                                                      track.to(device), **kw),
-            lambda w, o, **kw: commit_prepare_chain_tracked(slot.to(device), w, o, acc.to(device), L, T,
-                                                            seq_lens.to(device), 8, track.to(device), **kw),
-        ]
-        for i, call in enumerate(calls):
-            w1, o1 = w_adj.clone().to(device), o_adj.clone().to(device)
-            w2, o2, v2 = wpos.clone().to(device), origin.clone().to(device), vf.clone().to(device)
-            want = call(w1, o1)
-            got = call(w2, o2, vfold=v2)
-            for x, y in zip(got, want):
-                assert torch.equal(x, y), (trial, i)
-            assert torch.equal(w1, w2) and torch.equal(o1, o2), (trial, i)
-            assert v2.cpu().tolist() == vf_after.tolist(), (trial, i)
-    # The one-launch commit (cursors moved inside the fold launch) reads vfold the same way; the
-    # checkpoint is compared with the two-launch commit's on the same rings.
-    H, HV, K, V = 1, 2, 32, 16
-    rings = alloc_gdn_rings(1, S, H, HV, K, V, L, bf16, device)
-    for name in ("d", "k", "rawv", "rawk"):
-        getattr(rings, name).copy_(torch.randn(getattr(rings, name).shape, generator=g))
-    rings.g.copy_(-torch.rand(rings.g.shape, generator=g))
-    rings.beta.copy_(torch.rand(rings.beta.shape, generator=g))
-    state0 = torch.randn(1, S, HV, V, K, generator=g).to(device)
-    tickets = torch.zeros(S, dtype=torch.int32, device=device)
-    from replayssm_kernels.configs import override
-
-    out = []
-    for below in (0, B + 1):
-        st, w, o, v = state0.clone(), wpos.clone().to(device), origin.clone().to(device), vf.clone().to(device)
-        with override("gdn_commit_fused_below", (below,)):
-            gdn_commit(st, rings, slot.to(device), w, o, acc.to(device), T, tickets, vfold=v)
-        out.append((st, w, o, v))
-    assert all(torch.equal(x, y) for x, y in zip(*out))
-    assert out[0][3].cpu().tolist() == vf_after.tolist() and not bool(tickets.any())
-    v = vf.clone().to(device)
-    v[slot[0].long()] = 3
-    reset_cursors(slot.to(device), wpos.clone().to(device), origin.clone().to(device), v)
-    assert v.cpu().tolist() == vf_after.tolist()
-    # A vfold of the wrong dtype or length is refused by every launch that reads it.
-    from replayssm_kernels.gdn import gdn_replay_fold
-
-    bad = (vf.to(device=device, dtype=torch.int64), vf[:-1].to(device))
-    for b in bad:
-        with pytest.raises(ValueError, match="vfold"):
-            commit_prepare(slot.to(device), wpos.clone().to(device), origin.clone().to(device), acc.to(device), L, T,
-                           vfold=b)
-        with pytest.raises(ValueError, match="vfold"):
-            gdn_commit(state0.clone(), rings, slot.to(device), wpos.clone().to(device), origin.clone().to(device),
-                       acc.to(device), T, tickets, vfold=b)
-    with pytest.raises(ValueError, match="vfold goes with commit"):
-        gdn_replay_fold(state0.clone(), rings, slot.to(device), torch.zeros(B, dtype=torch.int32, device=device),
-                        torch.zeros(B, dtype=torch.int32, device=device), vfold=vf.to(device))
+    monkeypatch.setattr(configs, "_OVERRIDES", {})
+    for item in ("gdn_verify_fold=1", "gdn_verify_fold_split=8"):
+        assert configs.parse_plan(*item.split("=")) is None
+        monkeypatch.setenv("REPLAYSSM_CONFIG", f"gdn_verify=16x1x2x6,{item}")
+        with pytest.raises(ValueError, match=f"REPLAYSSM_CONFIG: bad entry '{item}'.*gdn_verify_maxnreg"):
+            configs._env_overrides()
+    assert "gdn_verify_fold" not in configs.describe()
 
 
 def test_gdn_decode_config_by_batch(monkeypatch, device, assert_within_baseline):
@@ -708,12 +533,6 @@ def test_gdn_padding_rows_write_nothing(device):
     before = [t.clone() for t in [state, *rings.tensors()]]
     q, k, v, a, b = _inputs(B, 2, H, HV, K, V, bf16, device, gen)
     out = torch.full((B, 2, HV, V), float("nan"), dtype=bf16, device=device)
-    # A vfold of the wrong dtype or length is refused before anything is written.
-    for bad in (torch.zeros(S, dtype=torch.int64, device=device), torch.zeros(S - 1, dtype=torch.int32, device=device)):
-        with pytest.raises(ValueError, match="vfold"):
-            gdn_replay_verify(q, k, v, a, b, A_log, dt_bias, state[0], rings.layer(0), slot, wpos, origin, out=out,
-                              vfold=bad)
-    assert torch.isnan(out).all()
     gdn_replay_verify(q, k, v, a, b, A_log, dt_bias, state[0], rings.layer(0), slot, wpos, origin, out=out)
     assert torch.isnan(out[1]).all() and not torch.isnan(out[[0, 2]]).any()
     n, org = commit_prepare(slot, wpos, origin, torch.tensor([2, 2, 2], device=device), L, 2)

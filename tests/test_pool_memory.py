@@ -66,7 +66,7 @@ assert _GDN_FP32["g"] and _GDN_FP32["beta"] and not _GDN_FP32["rawv"] and not _G
 GDN_RINGS = 3 * sum(n * (4 if _GDN_FP32[name] else 2) for name, n in _GDN_ELEMS.items())
 M2_STATE = 2 * (8 * 64 * 128 * 4 + (8 * 64 + 2 * 2 * 128) * 3 * 2)  # 536,576
 M2_RINGS = 2 * (8 * L * 64 * 2 + 2 * L * 128 * 2 + 8 * L * 2)  # x, B, dt in bf16: 49,664
-CURSORS = 16  # wpos, origin, tickets, vfold
+CURSORS = 12  # wpos, origin, tickets
 
 
 @pytest.fixture(scope="module")
@@ -237,15 +237,8 @@ def test_pool_allocates_what_the_solver_charges(models, published, name, draft):
     assert ring_total == S * ring_bytes_per_slot(ctx.family, params, L, bf16, len(params.layers))
     state = sum(t.numel() * t.element_size() for t in [pool.mamba_cache.temporal, *pool.mamba_cache.conv])
     assert state == S * sizes["state"]
-    cursors = (pool.replayssm_wpos.numel() + pool.replayssm_origin.numel() + pool.replayssm_tickets.numel()
-               + pool.replayssm_vfold.numel()) * 4
+    cursors = (pool.replayssm_wpos.numel() + pool.replayssm_origin.numel() + pool.replayssm_tickets.numel()) * 4
     assert cursors == S * sizes["cursors"]
-    # The commit reads the verify's fold counts only while a GDN verify may write them.
-    from replayssm_kernels.configs import override
-
-    assert pool.replayssm_commit_vfold is None
-    with override("gdn_verify_fold", (1,)):
-        assert (pool.replayssm_commit_vfold is pool.replayssm_vfold) == (name == "qwen3_next")
     if draft is not None:
         assert pool.mamba_cache.intermediate_ssm is None
 
@@ -291,7 +284,7 @@ def test_gdn_decode_only_server_below_the_ring_threshold_gets_no_rings(models, p
         stock_slots = get_schedule().max_mamba_cache_size
     with get_context().preserve_config(), caplog.at_level(logging.INFO, logger="sglang_replayssm"):
         memory.around_handle_max_mamba_cache(None, cfg, 10.0)
-        assert get_schedule().max_mamba_cache_size == stock_slots  # cursors (16 B/slot) fit the slack
+        assert get_schedule().max_mamba_cache_size == stock_slots  # cursors (12 B/slot) fit the slack
     assert "no rings allocated" in caplog.text and "at most 8 running requests" in caplog.text
     assert memory.slot_bytes(cfg)["rings"] == 0
     ctx = memory.build_context_for(cfg)

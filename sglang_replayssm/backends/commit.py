@@ -52,7 +52,7 @@ def commit_after_verify(original, target_worker, batch, accept_lens, accept_inde
         n_fold, origin, snap_at, snap_slot, last_step, steps_to_track = commit_prepare_chain_tracked(
             slots, pool.replayssm_wpos, pool.replayssm_origin, accept_lens.contiguous(), pool.replayssm_ring_len,
             t_max, batch.seq_lens.contiguous(), spec_utils.get_exec().mamba.mamba_track_interval,
-            batch.mamba_track_indices.contiguous(), vfold=pool.replayssm_commit_vfold,
+            batch.mamba_track_indices.contiguous(),
         )
         pool.replayssm_fold_fn(pool.mamba_cache.temporal, pool.replayssm_rings, slots, n_fold, origin,
                                snap_at=snap_at, snap_slot=snap_slot)

@@ -95,7 +95,6 @@ class ReplaySSMGDNAttnBackend(ReplaySSMMetadataMixin, GDNAttnBackend):
         out = gdn_replay_verify(
             q, k, v, a.reshape(bs, T, HV), b.reshape(bs, T, HV), layer.A_log, layer.dt_bias, ssm_states, rings,
             cache_indices[:bs], self._rssm.pool.replayssm_wpos, self._rssm.pool.replayssm_origin,
-            scale=K ** -0.5, vfold=self._rssm.pool.replayssm_vfold,
-            max_draft_tokens=self._rssm.pool.replayssm_max_draft_tokens,
+            scale=K ** -0.5,
         )
         return out.view(1, seq_len, HV, V)

@@ -26,7 +26,6 @@ _OVERRIDE_ARITY = {"gdn_decode": (7, 8, 9), "gdn_verify": (3, 4, 5), "gdn_verify
                    "gdn_state_dot": (1, 2), "gdn_fold_narrow_below": (1,),
                    "gdn_commit_fused_below": (1,), "gdn_flush_spread": (1,),
                    "gdn_flush_phase": (1,), "gdn_pdl": (1,), "gdn_verify_maxnreg": (1,),
-                   "gdn_verify_fold": (1,), "gdn_verify_fold_split": (1,),
                    "gdn_decode_large_from": (1,)}
 
 
@@ -70,10 +69,6 @@ def describe() -> str:
         "verify: the batch thresholds of its three default plans)",
         f"gdn_verify_maxnreg={gdn_verify_maxnreg()} (GDN verify plans 5 and 6: register cap of the looping "
         "programs; 0 = none)",
-        f"gdn_verify_fold={int(gdn_verify_fold())} (GDN spec: a row whose ring has no room for two more windows "
-        "folds in the verify's one launch (plan products 6) instead of in the commit; 0 = in the commit)",
-        f"gdn_verify_fold_split={gdn_verify_fold_split()} (programs per row and value head of a row that folds "
-        "in the verify)",
         f"gdn_fold_cols={gdn_fold_cols()}",
         f"gdn_fold_narrow_below={gdn_fold_narrow_below()} (GDN fold: "
         "below this many rows one gdn_fold_cols sub-tile per program instead of 32 columns; 0 = never)",
@@ -574,38 +569,6 @@ def gdn_verify_maxnreg() -> int:
     if n and not 24 <= n <= 255:
         raise ValueError(f"gdn_verify_maxnreg: 0 or 24..255 registers, got {n}; fix REPLAYSSM_CONFIG")
     return 0 if interpreted() else n
-
-
-# Whether the GDN verify's one-launch plans (products 6) fold a row's pending entries themselves when
-# its ring has no room for this window and a next one, instead of leaving the fold to the commit
-# (gdn/verify_loop.py; the commit then only moves the cursors, `cursors.commit_prepare`'s vfold).
-# The fold's state read is then the verify's own (docs/perf.md: ~25 us a step at batch 256 by an
-# estimate from run 10's phases). Off until timed on the GPU (device_plan.sh gdn_vfold).
-_GDN_VERIFY_FOLD = 0
-
-
-def gdn_verify_fold() -> bool:
-    """Whether the GDN verify folds in its own launch (REPLAYSSM_CONFIG gdn_verify_fold=0|1)."""
-    n = _OVERRIDES.get("gdn_verify_fold", (_GDN_VERIFY_FOLD,))[0]
-    if n not in (0, 1):
-        raise ValueError(f"gdn_verify_fold: 0 or 1, got {n}; fix REPLAYSSM_CONFIG")
-    return bool(n)
-
-
-# Programs per (row, value head) of a row that folds in the verify (the others keep the plan's loop
-# split). A folding program replays every pending entry into each of its value rows, one warp, so
-# one program per value head (128 rows) would be a long chain: decode plan 5, whose flush programs
-# are such chains, ran 281.6 us a step at batch 256 staggered without a split, 217.1 with 2 and
-# plan 3's per-tile programs 188.1 (run 15). 8 = one 16-row tile each at BV = 16. Not timed.
-_GDN_VERIFY_FOLD_SPLIT = 8
-
-
-def gdn_verify_fold_split() -> int:
-    """Programs per (row, value head) of a row that folds in the GDN verify (`gdn_verify_fold_split=N`)."""
-    n = _OVERRIDES.get("gdn_verify_fold_split", (_GDN_VERIFY_FOLD_SPLIT,))[0]
-    if n < 1:
-        raise ValueError(f"gdn_verify_fold_split: 1 or more, got {n}; fix REPLAYSSM_CONFIG")
-    return n
 
 
 def gdn_pdl() -> bool:

@@ -125,7 +125,6 @@ def _commit_prepare_kernel(
     chain_last,
     chain_steps,
     track_interval,
-    vfold,
     B,
     RL: tl.constexpr,
     T_MAX: tl.constexpr,
@@ -133,7 +132,6 @@ def _commit_prepare_kernel(
     HAS_TRACK: tl.constexpr,
     CHAIN: tl.constexpr,
     BLOCK: tl.constexpr,
-    HAS_VFOLD: tl.constexpr = False,
 ):
     o_r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m_r = o_r < B
@@ -141,8 +139,6 @@ def _commit_prepare_kernel(
     m_valid = m_r & (b_slot >= 0)
     b_wp = tl.load(wpos + b_slot, mask=m_valid, other=0)
     b_org = tl.load(origin + b_slot, mask=m_valid, other=0)
-    if HAS_VFOLD:
-        b_wp, b_org = _take_verify_fold(vfold, b_slot, m_valid, b_wp, b_org, RL)
     b_acc = tl.load(num_accepted + o_r, mask=m_valid, other=0).to(tl.int32)
     b_n = b_wp + b_acc
     b_nfold = early_flush(b_n, RL, T_MAX)
@@ -184,16 +180,6 @@ def _commit_prepare_kernel(
 
 
 @triton.jit
-def _take_verify_fold(vfold, b_slot, m_valid, b_wp, b_org, RL: tl.constexpr):
-    """The cursors `(wpos, origin)` after the entries the verify already folded (`vfold[slot]`,
-    written by a verify that folds, `gdn_replay_verify`): the origin moves past them. Clears
-    `vfold` (the caller's loads of it are done: one program per row, or the last ticket)."""
-    b_vf = tl.load(vfold + b_slot, mask=m_valid, other=0)
-    tl.store(vfold + b_slot, tl.zeros_like(b_vf), mask=m_valid & (b_vf != 0))
-    return b_wp - b_vf, (b_org + b_vf) % RL
-
-
-@triton.jit
 def early_flush(b_n, RL: tl.constexpr, T_MAX: tl.constexpr):
     """Entries to fold of a row with `b_n` committed entries: all of them when the next window
     (up to T_MAX entries) might not fit into the ring, else none."""
@@ -202,22 +188,17 @@ def early_flush(b_n, RL: tl.constexpr, T_MAX: tl.constexpr):
 
 @triton.jit
 def commit_in_fold(wpos, origin, num_accepted, tickets, i_n, slot, n_programs, RL: tl.constexpr,
-                   T_MAX: tl.constexpr, vfold, HAS_VFOLD: tl.constexpr):
+                   T_MAX: tl.constexpr):
     """`commit_prepare`'s cursor move (no fold window, no radix track) inside the fold launch:
-    `(entries to fold, origin)` of row `i_n` / slot `slot`, from the cursors before the commit
-    (with HAS_VFOLD, after the entries the verify folded, as `commit_prepare`'s `vfold`).
+    `(entries to fold, origin)` of row `i_n` / slot `slot`, from the cursors before the commit.
 
     Each of the row's `n_programs` programs reads the old cursors and then takes a ticket from
     `tickets[slot]` (an atomic add, acquire-release, after a barrier so that every thread's read
     is done); the program that draws the last ticket has seen every other program's reads happen
-    before, so it alone stores the moved cursors (and clears `vfold`) and puts the counter back to
-    0 for the next launch."""
+    before, so it alone stores the moved cursors and puts the counter back to 0 for the next
+    launch."""
     b_wp = tl.load(wpos + slot)
     b_org = tl.load(origin + slot)
-    if HAS_VFOLD:
-        b_vf = tl.load(vfold + slot)
-        b_wp -= b_vf
-        b_org = (b_org + b_vf) % RL
     b_n = b_wp + tl.load(num_accepted + i_n).to(tl.int32)
     b_nfold = early_flush(b_n, RL, T_MAX)
     tl.debug_barrier()
@@ -226,26 +207,15 @@ def commit_in_fold(wpos, origin, num_accepted, tickets, i_n, slot, n_programs, R
         tl.store(wpos + slot, b_n - b_nfold)
         tl.store(origin + slot, (b_org + b_nfold) % RL)
         tl.store(tickets + slot, 0)
-        if HAS_VFOLD:
-            tl.store(vfold + slot, 0)
     return b_nfold, b_org
 
 
-def check_vfold(vfold: Optional[torch.Tensor], wpos: torch.Tensor) -> None:
-    """Raise unless `vfold` is None or the `[S]` int32 buffer of the verify's own fold, shaped like
-    the cursors `wpos` (the one check of `gdn_replay_verify`, the commit and `gdn_replay_fold`)."""
-    if vfold is not None and (vfold.dtype != torch.int32 or vfold.shape != wpos.shape):
-        raise ValueError(f"vfold must be int32 {tuple(wpos.shape)}, got {vfold.dtype} {tuple(vfold.shape)}")
-
-
 def _launch_commit(slot_idx, wpos, origin, num_accepted, ring_len, max_draft_tokens, row_nfold, row_origin,
-                   fold_window=None, track=None, chain=None, vfold=None) -> None:
+                   fold_window=None, track=None, chain=None) -> None:
     """The one commit launch behind `commit_prepare`, `commit_prepare_tracked` and
     `commit_prepare_chain_tracked`. `track`: None or `(track_steps, track_slots, snap_at,
     snap_slot)`; `chain`: None or `(seq_lens, track_interval, last_step, track_steps)` (then
-    `track`'s `track_steps` is the output `chain` names); `vfold`: None or the `[S]` int32 counts
-    the verify folded (`commit_prepare`)."""
-    check_vfold(vfold, wpos)
+    `track`'s `track_steps` is the output `chain` names)."""
     assert wpos.dtype == torch.int32 and origin.dtype == torch.int32
     if ring_len < max_draft_tokens:
         raise ValueError(
@@ -273,7 +243,6 @@ def _launch_commit(slot_idx, wpos, origin, num_accepted, ring_len, max_draft_tok
         last,
         csteps,
         interval,
-        vfold if vfold is not None else wpos,
         B,
         RL=ring_len,
         T_MAX=max_draft_tokens,
@@ -281,7 +250,6 @@ def _launch_commit(slot_idx, wpos, origin, num_accepted, ring_len, max_draft_tok
         HAS_TRACK=track is not None,
         CHAIN=chain is not None,
         BLOCK=_BLOCK_ROWS,
-        HAS_VFOLD=vfold is not None,
     )
 
 
@@ -295,7 +263,6 @@ def commit_prepare(
     fold_window: Optional[torch.Tensor] = None,
     row_nfold: Optional[torch.Tensor] = None,
     row_origin: Optional[torch.Tensor] = None,
-    vfold: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Commit `num_accepted` verified entries per row and decide which entries to fold.
 
@@ -309,10 +276,6 @@ def commit_prepare(
         fold_window (torch.Tensor, optional): `[B]` int; when > 0, fold at least through the first
             `fold_window` entries of this verify window (`wpos + fold_window` entries in all).
         row_nfold, row_origin (torch.Tensor, optional): `[B]` int32 outputs.
-        vfold (torch.Tensor, optional): `[S]` int32, the pending entries this step's verify already
-            folded into each slot's checkpoint (GDN, `gdn_replay_verify(vfold=...)`; 0 for the
-            rest): the origin first moves past them, then the commit goes on as above. Read and
-            cleared here; pass the same buffer the verify wrote.
 
     Returns:
         `(row_nfold, row_origin)`: entries to fold per row and the origin they start from. The fold
@@ -324,7 +287,7 @@ def commit_prepare(
     if row_origin is None:
         row_origin = torch.empty(B, dtype=torch.int32, device=slot_idx.device)
     _launch_commit(slot_idx, wpos, origin, num_accepted, ring_len, max_draft_tokens, row_nfold, row_origin,
-                   fold_window=fold_window, vfold=vfold)
+                   fold_window=fold_window)
     return row_nfold, row_origin
 
 
@@ -337,7 +300,6 @@ def commit_prepare_tracked(
     max_draft_tokens: int,
     track_steps: torch.Tensor,
     track_slots: torch.Tensor,
-    vfold: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """`commit_prepare` plus the radix-cache track snapshot plan, in one launch.
 
@@ -356,7 +318,7 @@ def commit_prepare_tracked(
     out = torch.empty((4, slot_idx.shape[0]), dtype=torch.int32, device=slot_idx.device)
     row_nfold, row_origin, snap_at, snap_slot = out.unbind(0)
     _launch_commit(slot_idx, wpos, origin, num_accepted, ring_len, max_draft_tokens, row_nfold, row_origin,
-                   track=(track_steps, track_slots, snap_at, snap_slot), vfold=vfold)
+                   track=(track_steps, track_slots, snap_at, snap_slot))
     return row_nfold, row_origin, snap_at, snap_slot
 
 
@@ -370,7 +332,6 @@ def commit_prepare_chain_tracked(
     seq_lens: torch.Tensor,
     track_interval: int,
     track_slots: torch.Tensor,
-    vfold: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, ...]:
     """`commit_prepare_tracked` for a linear draft chain (topk 1), with SGLang's step indices
     computed in the same launch instead of by `_verify_commit_step_indices` on the host.
@@ -394,7 +355,7 @@ def commit_prepare_chain_tracked(
     row_nfold, row_origin, snap_at, snap_slot, last_step, track_steps = out.unbind(0)
     _launch_commit(slot_idx, wpos, origin, num_accepted, ring_len, max_draft_tokens, row_nfold, row_origin,
                    track=(track_steps, track_slots, snap_at, snap_slot),
-                   chain=(seq_lens, int(track_interval), last_step, track_steps), vfold=vfold)
+                   chain=(seq_lens, int(track_interval), last_step, track_steps))
     return row_nfold, row_origin, snap_at, snap_slot, last_step, track_steps
 
 
@@ -489,22 +450,17 @@ _ORDER_MAX_ROWS = 16384
 
 
 @triton.jit
-def _reset_cursors_kernel(slot_idx, wpos, origin, vfold, B, BLOCK: tl.constexpr, HAS_VFOLD: tl.constexpr):
+def _reset_cursors_kernel(slot_idx, wpos, origin, B, BLOCK: tl.constexpr):
     o_r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     b_slot = tl.load(slot_idx + o_r, mask=o_r < B, other=-1).to(tl.int64)
     m = (o_r < B) & (b_slot >= 0)
     tl.store(wpos + b_slot, tl.zeros([BLOCK], dtype=tl.int32), mask=m)
     tl.store(origin + b_slot, tl.zeros([BLOCK], dtype=tl.int32), mask=m)
-    if HAS_VFOLD:
-        tl.store(vfold + b_slot, tl.zeros([BLOCK], dtype=tl.int32), mask=m)
 
 
-def reset_cursors(slot_idx: torch.Tensor, wpos: torch.Tensor, origin: torch.Tensor,
-                  vfold: Optional[torch.Tensor] = None) -> None:
-    """Empty the rings of the given slots (`< 0` entries are skipped), and clear their `vfold`
-    counts if given (`commit_prepare`); no host sync."""
+def reset_cursors(slot_idx: torch.Tensor, wpos: torch.Tensor, origin: torch.Tensor) -> None:
+    """Empty the rings of the given slots (`< 0` entries are skipped); no host sync."""
     B = slot_idx.shape[0]
     if B == 0:
         return
-    _reset_cursors_kernel[(triton.cdiv(B, _BLOCK_ROWS),)](slot_idx, wpos, origin, vfold if vfold is not None else wpos,
-                                                          B, BLOCK=_BLOCK_ROWS, HAS_VFOLD=vfold is not None)
+    _reset_cursors_kernel[(triton.cdiv(B, _BLOCK_ROWS),)](slot_idx, wpos, origin, B, BLOCK=_BLOCK_ROWS)

@@ -329,22 +329,6 @@ def _gdn_replayed_tile(p_hs, p_rk, p_rv, p_rg, p_rb, o_k, mask_k, o_v, org, n, K
 
 
 @triton.jit
-def gdn_fold_rows(p_hs, p_rk, p_rv, p_rg, p_rb, org, n, i_v, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-                  BV: tl.constexpr, BVF: tl.constexpr, RL: tl.constexpr, UNROLL: tl.constexpr, TREE: tl.constexpr):
-    """The exact fold of pending entries `0..n-1` into value rows `[i_v * BV, i_v * BV + BV)` of one
-    value head's state block `p_hs`, in place, `BVF` rows at a time (ring pointers as in
-    `gdn_decode_flush`). On the GPU the plain and shuffle forms need a one-warp launch (their sums
-    follow the warp's lanes); the tree form (1) does not."""
-    o_k = gdn_k_offsets(BK, TREE)
-    mask_k = o_k < K
-    for i_f in tl.static_range(BV // BVF):
-        o_v = i_v * BV + i_f * BVF + tl.arange(0, BVF)
-        b_h, p_h, mask_h, _ = _gdn_replayed_tile(p_hs, p_rk, p_rv, p_rg, p_rb, o_k, mask_k, o_v, org, n, K, V, RL,
-                                                 UNROLL, TREE)
-        tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_h)
-
-
-@triton.jit
 def gdn_decode_flush(
     p_hs, p_vin, p_o, p_q, p_k, p_rk, p_rv, p_rg, p_rb, b_g, b_beta, wp, org, i_v, scale,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr,

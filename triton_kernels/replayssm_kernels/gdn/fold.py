@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ..configs import gdn_commit_fused_below, gdn_fold_block_v, gdn_fold_cols, gdn_k_tree, gdn_replay_unroll
-from ..cursors import check_vfold, commit_in_fold, commit_prepare, load_fold_plan
+from ..cursors import commit_in_fold, commit_prepare, load_fold_plan
 from .common import gdn_k_offsets, gdn_replay, gdn_state_offsets, gdn_tile_ids
 from .rings import GDNRings, check_gdn_rings
 
@@ -33,14 +33,14 @@ from .rings import GDNRings, check_gdn_rings
 @triton.jit
 def _gdn_fold_kernel(
     state, dst, ring_rawv, ring_rawk, ring_g, ring_beta,
-    slot_idx, dst_idx, row_nfold, row_origin, snap_at, snap_slot, num_accepted, tickets, vfold,
+    slot_idx, dst_idx, row_nfold, row_origin, snap_at, snap_slot, num_accepted, tickets,
     stride_state_layer, stride_state_slot, stride_dst_layer, stride_dst_slot,
     stride_rawv_layer, stride_rawv_slot, stride_rawk_layer, stride_rawk_slot,
     stride_g_layer, stride_g_slot, stride_beta_layer, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, RL: tl.constexpr, HAS_DST: tl.constexpr,
     HAS_SNAP: tl.constexpr, FROM_CURSORS: tl.constexpr, UNROLL: tl.constexpr = 1, TREE: tl.constexpr = False,
-    COMMIT: tl.constexpr = False, T_MAX: tl.constexpr = 0, HAS_VFOLD: tl.constexpr = False,
+    COMMIT: tl.constexpr = False, T_MAX: tl.constexpr = 0,
 ):
     i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
     i_l = tl.program_id(1)
@@ -52,7 +52,7 @@ def _gdn_fold_kernel(
     if COMMIT:
         # row_nfold / row_origin are the [S] cursors (wpos, origin), moved here by the row's last program.
         n_fold, org = commit_in_fold(row_nfold, row_origin, num_accepted, tickets, i_n, slot,
-                                     ((V + BV - 1) // BV) * HV * tl.num_programs(1), RL, T_MAX, vfold, HAS_VFOLD)
+                                     ((V + BV - 1) // BV) * HV * tl.num_programs(1), RL, T_MAX)
     else:
         n_fold, org = load_fold_plan(row_nfold, row_origin, i_n, slot, FROM_CURSORS)
     if not HAS_DST:
@@ -104,7 +104,6 @@ def gdn_replay_fold(
     snap_slot: Optional[torch.Tensor] = None,
     cursors: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
     commit: Optional[tuple[torch.Tensor, torch.Tensor, int]] = None,
-    vfold: Optional[torch.Tensor] = None,
 ) -> None:
     """Fold the first `row_nfold[i]` pending entries of each row into its checkpoint.
 
@@ -127,8 +126,6 @@ def gdn_replay_fold(
             `num_accepted[i]` entries per row as `commit_prepare` would (no fold window), in this
             launch, and fold what its early-flush rule says; `tickets` is an `[S]` int32 counter
             that starts at 0 and is left at 0. Not combined with `dst` or `snap_at`.
-        vfold (torch.Tensor, optional): with `commit`, the `[S]` int32 counts the verify folded
-            (`cursors.commit_prepare`'s `vfold`): read and cleared by the cursor move.
     """
     if state.dim() == 4:
         state = state.unsqueeze(0)
@@ -150,10 +147,6 @@ def gdn_replay_fold(
             raise ValueError("dst must be [Lm, S', HV, V, K] with contiguous inner dims, and dst_idx given")
     if commit is not None and (cursors is None or has_dst or has_snap):
         raise ValueError("commit needs cursors and cannot be combined with dst or snap_at")
-    if vfold is not None:
-        if commit is None:
-            raise ValueError("vfold goes with commit (the cursor move reads and clears it)")
-        check_vfold(vfold, cursors[0])
     tree = gdn_k_tree(K)
     ring_key = rings.replay_keys(tree)  # refuses the plain form on rings without raw keys
     B = slot_idx.shape[0]
@@ -171,26 +164,24 @@ def gdn_replay_fold(
         state, out, rings.rawv, ring_key, rings.g, rings.beta,
         slot_idx, dst_idx if has_dst else slot_idx, row_nfold, row_origin,
         snap_at if has_snap else row_nfold, snap_slot if has_snap else slot_idx, num_accepted, tickets,
-        vfold if vfold is not None else tickets,
         state.stride(0), state.stride(1), out.stride(0), out.stride(1),
         rings.rawv.stride(0), rings.rawv.stride(1), ring_key.stride(0), ring_key.stride(1),
         rings.g.stride(0), rings.g.stride(1), rings.beta.stride(0), rings.beta.stride(1),
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BVF=min(BV, gdn_fold_cols()), RL=rings.ring_len, HAS_DST=has_dst,
         HAS_SNAP=has_snap, FROM_CURSORS=from_cursors, UNROLL=gdn_replay_unroll(), TREE=tree,
-        COMMIT=commit is not None, T_MAX=t_max, HAS_VFOLD=vfold is not None, num_warps=1, num_stages=3,
+        COMMIT=commit is not None, T_MAX=t_max, num_warps=1, num_stages=3,
     )
 
 
 def gdn_commit(state: torch.Tensor, rings: GDNRings, slot_idx: torch.Tensor, wpos: torch.Tensor,
                origin: torch.Tensor, num_accepted: torch.Tensor, max_draft_tokens: int,
-               tickets: torch.Tensor, vfold: Optional[torch.Tensor] = None) -> None:
+               tickets: torch.Tensor) -> None:
     """Speculative commit of all layers: move the cursors by `num_accepted` (as `commit_prepare`,
     no fold window) and fold what the early-flush rule says, in one launch below
     `gdn_commit_fused_below()` rows, else `commit_prepare` and `gdn_replay_fold`.
 
     `wpos`, `origin`, `tickets`: `[S]` int32, `tickets` all 0 (and left so); `num_accepted` `[B]`.
-    `vfold`: the `[S]` int32 buffer the verify wrote its folds into (`gdn_replay_verify`), if it
-    was given one; read and cleared here. The ring length is the rings'.
+    The ring length is the rings'.
     """
     ring_len = rings.ring_len
     if ring_len < max_draft_tokens:
@@ -200,8 +191,7 @@ def gdn_commit(state: torch.Tensor, rings: GDNRings, slot_idx: torch.Tensor, wpo
         if tickets.dtype != torch.int32 or tickets.shape != wpos.shape:
             raise ValueError(f"tickets must be int32 {tuple(wpos.shape)}")
         gdn_replay_fold(state, rings, slot_idx, None, None, cursors=(wpos, origin),
-                        commit=(num_accepted, tickets, max_draft_tokens), vfold=vfold)
+                        commit=(num_accepted, tickets, max_draft_tokens))
         return
-    row_nfold, row_origin = commit_prepare(slot_idx, wpos, origin, num_accepted, ring_len, max_draft_tokens,
-                                           vfold=vfold)
+    row_nfold, row_origin = commit_prepare(slot_idx, wpos, origin, num_accepted, ring_len, max_draft_tokens)
     gdn_replay_fold(state, rings, slot_idx, row_nfold, row_origin)

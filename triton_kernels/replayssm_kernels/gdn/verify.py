@@ -24,10 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import (GDN_K_FORMS, gdn_fold_cols, gdn_history_rt, gdn_k_tree, gdn_pdl, gdn_prep_plan,
-                       gdn_replay_unroll, gdn_state_dot, gdn_state_kc, gdn_verify_config, gdn_verify_fold,
-                       gdn_verify_fold_split, gdn_verify_loop_split, gdn_verify_maxnreg, interpreted)
-from ..cursors import check_vfold
+from ..configs import (GDN_K_FORMS, gdn_history_rt, gdn_k_tree, gdn_pdl, gdn_prep_plan, gdn_replay_unroll,
+                       gdn_state_dot, gdn_state_kc, gdn_verify_config, gdn_verify_loop_split, gdn_verify_maxnreg)
 from .common import gdn_gate, gdn_l2norm, gdn_l2norm_vec, gdn_tile_ids
 from .verify_mm import _gdn_verify_mm_kernel
 from .verify_loop import _gdn_verify_fused_kernel, _gdn_verify_state_loop_kernel, loop_programs
@@ -217,8 +215,6 @@ def gdn_replay_verify(
     origin: torch.Tensor,
     scale: Optional[float] = None,
     out: Optional[torch.Tensor] = None,
-    vfold: Optional[torch.Tensor] = None,
-    max_draft_tokens: Optional[int] = None,
 ) -> torch.Tensor:
     """Outputs for every draft of every row; writes the window into the ring.
 
@@ -232,15 +228,6 @@ def gdn_replay_verify(
             `(origin + wpos + s) % L`. The caller guarantees `wpos + T <= L` (commit's early flush).
         slot_idx (torch.Tensor): `[B]` slots, `< 0` = padding (writes nothing).
         wpos, origin (torch.Tensor): `[S]` int32 cursors (not modified).
-        vfold (torch.Tensor, optional): `[S]` int32, all 0 between steps. Given, and with
-            `configs.gdn_verify_fold()` on a one-launch plan (products 6), a row whose pending
-            entries leave no room for this window and a next one (`wpos + T + max_draft_tokens >
-            L`) folds them into its checkpoint here (exactly, as the commit's fold would) and
-            records their number in `vfold[slot]`; the commit must then get the same buffer
-            (`gdn_commit` / `commit_prepare` `vfold=`), which moves the origin past them and
-            clears it. Between this call and that commit a folding row's checkpoint is ahead of
-            its cursors. Plans and forms that cannot fold here leave `vfold` untouched.
-        max_draft_tokens (int, optional): the next window's largest length for that rule (T).
 
     Returns:
         `[B, T, HV, V]` outputs in the dtype of `q`.
@@ -274,14 +261,10 @@ def gdn_replay_verify(
     BT = triton.next_power_of_2(T)
     RL = rings.ring_len
     RLB = triton.next_power_of_2(RL)
-    check_vfold(vfold, wpos)
     if use_dot in (4, 5, 6) and T <= 16:
-        fold = None
-        if vfold is not None and use_dot == 6 and gdn_verify_fold():
-            fold = (vfold, T if max_draft_tokens is None else int(max_draft_tokens))
         _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, origin, scale, out,
                       BK, min(triton.next_power_of_2(V), BV), num_warps, num_stages, vloop=use_dot >= 5,
-                      fused=use_dot == 6, fold=fold)
+                      fused=use_dot == 6)
         return out
     kernel = _gdn_verify_kernel
     extra = {}
@@ -316,7 +299,7 @@ def gdn_replay_verify(
 
 def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, origin, scale, out,
                   BK, BV, num_warps, num_stages, row_wp=None, row_flush=None, flush_cols=0, row_order=None,
-                  inline_prep=False, vloop=False, fused=False, fold=None):
+                  inline_prep=False, vloop=False, fused=False):
     """Two-launch verify (verify_split.py): per-head window algebra, then one pass over the state.
     With `row_wp`/`row_flush` (decode, T = 1) only the non-flush rows are computed, unless
     `flush_cols` > 0: then the state launch also runs the flush rows exactly, `flush_cols`
@@ -325,8 +308,7 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
     `vloop` (verify plan products 5) runs the state launch as one program per row and value
     head that walks the value rows `BV` at a time, its tile loads pipelined (verify_loop.py);
     tensor-core products (its tiles are at least 16 x 16). `fused` (products 6, with `vloop`)
-    leaves out the prep launch: those programs make the prep's products themselves. `fold`
-    (`fused` only): `(vfold, max_draft_tokens)`, the verify's own fold (`gdn_replay_verify`)."""
+    leaves out the prep launch: those programs make the prep's products themselves."""
     B, T, H, K = k.shape
     HV, V = state.shape[1], state.shape[2]
     BT = triton.next_power_of_2(T)
@@ -362,18 +344,10 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
     # A register cap for the looping programs (configs.gdn_verify_maxnreg), a compile option.
     cap = {"maxnreg": gdn_verify_maxnreg()} if vloop and gdn_verify_maxnreg() else {}
     VS = loop_programs(V, BV, gdn_verify_loop_split(rows=B)) if vloop else 1
-    # The verify's own fold: the exact replay's form for this launch. The plain and shuffle forms
-    # follow one warp's lanes on the GPU; with more warps the tree form gives the same bits.
-    ftree = tree if num_warps == 1 or interpreted() else (1 if tree else None)
-    fold = fold if fold is not None and ftree is not None else None
-    VSF = VS
-    if fold is not None:
-        rings.replay_keys(ftree)  # refuses a plain-form fold on rings without raw keys
-        VSF = loop_programs(V, BV, gdn_verify_fold_split())
     if fused:
-        _gdn_verify_fused_kernel[(B * HV * max(VS, VSF),)](
+        _gdn_verify_fused_kernel[(B * HV * VS,)](
             q, k, v, a, b, A_log, dt_bias, out, state, rings.d, rings.rawv, rings.k, rings.g, rings.rawk, rings.beta,
-            slot_idx, wpos, origin, fold[0] if fold is not None else wpos, fold[1] if fold is not None else 0,
+            slot_idx, wpos, origin,
             scale, 1.0, 20.0,
             T,
             *sq, *sk, *sv, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
@@ -381,7 +355,6 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
             rings.rawk.stride(0), rings.beta.stride(0),
             H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT, RL=RL, RLB=RLB, NP=max(16, 2 * BT), EVICT=True,
             RT=gdn_history_rt(decode=False), TREE=tree, RAW_K=rings.has_raw_keys, NSTG=num_stages, VS=VS,
-            FOLD=fold is not None, FTREE=ftree or 0, BVF=min(BV, gdn_fold_cols()), UNROLL=gdn_replay_unroll(), VSF=VSF,
             num_warps=num_warps, num_stages=num_stages, **cap,
         )
         return

@@ -31,9 +31,8 @@ asynchronous copies into shared memory, the next tiles in flight while one is us
 Grid: `(B * HV * VS,)`: with a loop split (`VS` > 1, `configs.gdn_verify_loop_split`, decode plan 5's
 `loop_split`) each (row, value head) has `VS` programs, each walking a consecutive share of the
 tiles; the prologue (products, gates) is made by each, the ring writes of gates and keys by the first.
-A row on the exact path (a decode flush row; a row the verify folds, `gdn_verify_fold`) may have its
-own number `VSF` of programs per value head: the grid has `max(VS, VSF)`, and a row's programs past
-its own number exit at once.
+A row on the exact path (a decode flush row) may have its own number `VSF` of programs per value
+head: the grid has `max(VS, VSF)`, and a row's programs past its own number exit at once.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from .common import (gdn_decode_flush, gdn_fold_rows, gdn_l2norm_rows, gdn_l2norm_vec, gdn_ring_append_gate_keys,
+from .common import (gdn_decode_flush, gdn_l2norm_rows, gdn_l2norm_vec, gdn_ring_append_gate_keys,
                      gdn_token_gate)
 from .verify_split import (history_dot, history_gate_weights, history_mma, history_weights, probe_matrix,
                            ring_key_products, scratch_dec, scratch_window, split_hk_hq, window_algebra,
@@ -74,8 +73,8 @@ def _split_tiles(i_s, V: tl.constexpr, BV: tl.constexpr, VS: tl.constexpr):
 @triton.jit
 def _share_of_row(i_s, exact, V: tl.constexpr, BV: tl.constexpr, VS: tl.constexpr, VSF: tl.constexpr):
     """`(lo, hi, idle)` of program `i_s` of a row: its share of the tiles among `VSF` programs when
-    the row is on the exact path (`exact`: a decode flush row, a row the verify folds), else among
-    `VS`; `idle` when `i_s` is past that row's number of programs (the grid has the larger)."""
+    the row is on the exact path (`exact`: a decode flush row), else among `VS`; `idle` when `i_s`
+    is past that row's number of programs (the grid has the larger)."""
     v_lo, v_hi = _split_tiles(i_s, V, BV, VS)
     if VSF != VS:
         f_lo, f_hi = _split_tiles(i_s, V, BV, VSF)
@@ -200,10 +199,10 @@ def _gram_block(b_gram, r: tl.constexpr, c: tl.constexpr, BT: tl.constexpr, NP: 
     return tl.sum(tl.sum(tl.where(sel, b4, 0.0), 2), 0)
 
 
-@triton.jit(do_not_specialize=["T", "fold_margin"])
+@triton.jit(do_not_specialize=["T"])
 def _gdn_verify_fused_kernel(
     q, k, v, a, b, A_log, dt_bias, o, state, ring_d, ring_rawv, ring_k, ring_g, ring_rawk, ring_beta,
-    slot_idx, wpos, origin, vfold, fold_margin,
+    slot_idx, wpos, origin,
     scale, softplus_beta, softplus_threshold,
     T,
     stride_q_row, stride_q_tok, stride_k_row, stride_k_tok, stride_v_row, stride_v_tok,
@@ -214,53 +213,18 @@ def _gdn_verify_fused_kernel(
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
     NP: tl.constexpr, EVICT: tl.constexpr, RT: tl.constexpr = False, TREE: tl.constexpr = False,
     RAW_K: tl.constexpr = True, NSTG: tl.constexpr = 2, VS: tl.constexpr = 1,
-    FOLD: tl.constexpr = False, FTREE: tl.constexpr = 0, BVF: tl.constexpr = 8, UNROLL: tl.constexpr = 1,
-    VSF: tl.constexpr = 1,
 ):
     """Products 6: the whole verify in one launch (module docstring). With `VS` programs per
     (row, value head) each makes the products and walks its share of the tiles; the first writes
-    the window's gates and keys. With `FOLD`, a row whose pending entries leave no room for this
-    window and a next one (`wp + T + fold_margin > RL`) first folds them into its checkpoint
-    (each program its share of the value rows, exactly, in the replay form `FTREE`), records
-    their number in `vfold[slot]` for the commit (`cursors.commit_prepare`'s `vfold`), and then
-    computes the window from that checkpoint and an empty ring. A folding row has `VSF` programs
-    per value head, each folding and then computing its share of the value rows; the others `VS`
-    (the grid has the larger number; a row's programs past its own number exit at once)."""
-    VSG: tl.constexpr = VS if VS > VSF else VSF
-    i_n, i_hv, i_s = _split_pid(HV, VSG)
+    the window's gates and keys."""
+    i_n, i_hv, i_s = _split_pid(HV, VS)
     i_h = i_hv // (HV // H)
     slot = tl.load(slot_idx + i_n).to(tl.int64)
     if slot < 0:
         return
     wp = tl.load(wpos + slot)
     org = tl.load(origin + slot)
-    if FOLD:
-        folding = wp + T + fold_margin > RL
-        v_lo, v_hi, idle = _share_of_row(i_s, folding, V, BV, VS, VSF)
-        if idle:
-            return
-    else:
-        v_lo, v_hi = _split_tiles(i_s, V, BV, VS)
-    if FOLD:
-        if folding:
-            # The commit's fold, moved here: this launch reads the checkpoint tiles anyway. The
-            # window's ring entries go to (org + wp + t) % RL, after the folded ones (wp + T <= RL).
-            if FTREE != 0:
-                p_rk = ring_k + slot * stride_k_slot + i_h * RL * K  # normalised fp32 keys
-            else:
-                p_rk = ring_rawk + slot * stride_rawk_slot + i_h * RL * K
-            p_hs = state + slot * stride_state_slot + i_hv * K * V
-            p_rv = ring_rawv + slot * stride_rawv_slot + i_hv * RL * V
-            p_rg = ring_g + slot * stride_g_slot + i_hv * RL
-            p_rb = ring_beta + slot * stride_beta_slot + i_hv * RL
-            for i_v in range(v_lo, v_hi):
-                gdn_fold_rows(p_hs, p_rk, p_rv, p_rg, p_rb, org, wp, i_v, K, V, BK, BV, BVF, RL, UNROLL,
-                              FTREE)
-            if (i_hv == 0) & (i_s == 0):
-                tl.store(vfold + slot, wp)
-            org = (org + wp) % RL
-            wp = wp - wp
-            tl.debug_barrier()  # the tiles below are read back by other threads of this program
+    v_lo, v_hi = _split_tiles(i_s, V, BV, VS)
     o_k = tl.arange(0, BK)
     o_t = tl.arange(0, BT)
     o_j = tl.arange(0, RLB)
