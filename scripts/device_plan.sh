@@ -616,10 +616,17 @@ step_decode_prof() {
     --rounds 1 --gpu-profile-steps "${PROF_STEPS:-24}" --gpu-profile-delay "${PROF_DELAY_S:-6}" \
     --server-args="${PROF_POOL_ARGS:---disable-radix-cache --max-mamba-cache-size 300 --max-running-requests 256}" \
     --out "$d" --pack "$OUT/decode_prof_$m.tgz" --time-budget $(( $(left) - 30 ))
-  [ "$DRY" = 1 ] && return 0
-  "$PY" scripts/diag/gpu_compare.py "$d"/cases/*__decode__stock__c256__*.json "$d"/cases/*__decode__ours__c256__*.json \
-    --top 25 >"$OUT/decode_prof_compare.txt" 2>&1 || true
-  cat "$OUT/decode_prof_compare.txt"
+  if [ "$DRY" != 1 ]; then
+    "$PY" scripts/diag/gpu_compare.py "$d"/cases/*__decode__stock__c256__*.json "$d"/cases/*__decode__ours__c256__*.json \
+      --top 25 >"$OUT/decode_prof_compare.txt" 2>&1 || true
+    cat "$OUT/decode_prof_compare.txt"
+  fi
+  # The same kernels in the kernel benchmark on this machine (batch 256, the default decode plan),
+  # when the time left allows: the in-server kernel times above against the benchmark's.
+  if [ "$(left)" -gt "${PROF_BENCH_MIN_S:-150}" ]; then
+    run env OUT="$OUT/decode_prof_bench" BENCH_TIMEOUT=$(( $(left) - 15 )) BENCH_ARGS="--family gdn --batches 256 \
+--reps 12 --gdn-decode-only --gdn-decode-plans ${PROF_BENCH_PLANS:-5x16x1x2x8x0x1x1x8}" bash scripts/device_kernels.sh bench
+  fi
 }
 
 step_aime() {
