@@ -116,6 +116,8 @@ MODELS = {
         desc="Nemotron-3-Super-shaped Mamba-2 (NH=128, P=64, N=128, G=8), MoE, MTP '*E'",
     ),
 }
+# The models with an MTP head, which the spec study needs.
+SPEC_MODELS = ", ".join(m for m, rec in MODELS.items() if rec["mtp"])
 # Spec checkpoints carry real weights built on the CPU: keep them smaller by default.
 DEFAULT_SPEC_SSM_LAYERS = {"gdn": 12, "qwen35_4b": 24, "nano9b": 12, "super": 8}
 
@@ -130,7 +132,7 @@ def layer_pattern(model: str, ssm_layers: int) -> dict:
     Mamba-2 patterns always contain at least one attention layer."""
     if ssm_layers < 1:
         raise ValueError("--ssm-layers must be >= 1")
-    if model in ("gdn", "qwen35_4b"):
+    if MODELS.get(model, {}).get("family") == "gdn":
         if ssm_layers % 3:
             raise ValueError(f"{model}: --ssm-layers must be a multiple of 3 (3 GDN + 1 attention per block)")
         return {"num_layers": ssm_layers // 3 * 4, "full_attention_interval": 4}
@@ -166,7 +168,7 @@ def build_model_cmd(python: str, model: str, ssm_layers: int, weights: str, knob
         cmd += ["--no-weights"]
     else:
         if not rec["mtp"]:
-            raise ValueError(f"{model} has no MTP head: the spec study needs gdn, qwen35_4b or super")
+            raise ValueError(f"{model} has no MTP head: the spec study needs one of: {SPEC_MODELS}")
         knob = 0.0 if knob is None else knob
         # Real-shape models are large for the CPU: skip the CPU measurements. The knob end points
         # need no calibration; an interior knob then takes the raw mixing weight (w = knob).
@@ -1334,7 +1336,7 @@ def _resolve_model(a, out: Path, end_time: float | None) -> tuple[dict | None, s
                     desc=f"checkpoint {mdir}", config=cfg), None
     rec = MODELS[a.model]
     if a.study == "spec" and not rec["mtp"]:
-        return None, f"{a.model} has no MTP head: the spec study needs --model gdn, qwen35_4b or super"
+        return None, f"{a.model} has no MTP head: the spec study needs --model one of: {SPEC_MODELS}"
     ssm = a.ssm_layers or (rec["default_ssm_layers"] if a.study == "decode" else DEFAULT_SPEC_SSM_LAYERS[a.model])
     knob = a.accept_rate_knob if weights == "knob" else None
     tag = a.tag or model_tag(a.model, ssm, weights, knob, a.build_flags)
