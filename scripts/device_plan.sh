@@ -605,10 +605,10 @@ step_decode_prof() {
   # Session 33 (H100): the served decode steps at C=256 saved 127 us per GDN layer (17.73 -> 14.68 ms
   # a step, 24 layers), against the 197 us the kernel benchmark saves per layer (425.8 -> 228.7 us),
   # and ours' decode kernel ran at 214 us in its server's profile. This profiles both servers'
-  # steady decode steps (PROF_DELAY_S, default 6 s into a rerun of 2 x 256 requests at output 512:
-  # the first wave's prefill chunks take ~2.5 s, its 512 decode steps ~9 s) and prints the kernels
-  # whose time differs most (scripts/diag/gpu_compare.py). The measured case before each profile
-  # runs one wave (--rounds 1): the profile is the point here, not the throughput.
+  # steady decode steps and prints the kernels whose time differs most (scripts/diag/gpu_compare.py).
+  # Each case is one wave of 256 requests (--rounds 1: the profile is the point here, not the
+  # throughput); the profile starts PROF_DELAY_S (default 6) s into a rerun of that wave at output
+  # 512, whose prefill chunks take ~2.5 s and its 512 decode steps ~9 s.
   # PROF_MODEL (default gdn), PROF_POOL_ARGS (default the H100-sized pools of session 33).
   env_ready
   local m=${PROF_MODEL:-gdn} d=/tmp/b_prof_${PROF_MODEL:-gdn}
