@@ -281,7 +281,7 @@ def test_removed_verify_fold_keys_are_refused(monkeypatch):
 
 
 def test_gdn_decode_config_by_batch(monkeypatch, device, assert_within_baseline):
-    """The decode's default plan by batch: plan 3 below `gdn_decode_large_from` (128) rows, plan 5 with
+    """The decode's default plan by batch: plan 3 below `gdn_decode_large_from` (64) rows, plan 5 with
     the flush rows on 8 programs from there (0 = never); a `gdn_decode` override at every batch. The
     launch follows it: with the threshold at 2 rows, a 3-row decode runs the large-batch plan with its
     committed state bit-exact through flushes."""
@@ -289,13 +289,13 @@ def test_gdn_decode_config_by_batch(monkeypatch, device, assert_within_baseline)
     from replayssm_kernels.configs import gdn_decode_config, override
 
     monkeypatch.setattr(configs, "_OVERRIDES", {})
-    assert gdn_decode_config(128, 128).key() == gdn_decode_config(128, 128, rows=127).key() == "3x16x1x3x8x0x1"
-    assert gdn_decode_config(128, 128, rows=128).key() == "5x16x1x2x8x0x1x1x8"
+    assert gdn_decode_config(128, 128).key() == gdn_decode_config(128, 128, rows=63).key() == "3x16x1x3x8x0x1"
+    assert gdn_decode_config(128, 128, rows=64).key() == "5x16x1x2x8x0x1x1x8"
     with override("gdn_decode_large_from", (0,)):
         assert gdn_decode_config(128, 128, rows=4096).split == 3
     with override("gdn_decode", (4, 16, 1, 3, 8, 0, 1)):
         assert gdn_decode_config(128, 128, rows=256).split == 4
-    assert "gdn_decode_large_from=128 " in configs.describe()
+    assert "gdn_decode_large_from=64 " in configs.describe()
     seen = []
     real = configs.gdn_decode_config
 

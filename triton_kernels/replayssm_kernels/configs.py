@@ -238,10 +238,14 @@ _GDN_DECODE_DEFAULT = GDNDecodeConfig(split=3, block_v=16, num_warps=1, num_stag
 # (one 16-row tile each) and the rest on one (session 31, H100, 2026-12-05, docs/perf.md run 16:
 # staggered 228.7 / 440.5 us at batch 256 against plan 3's 237.5 / 461.1, HV 32 / 64; 122.3 / 225.8
 # against 130.6 / 238.8 at 128; synchronised too; every plan checked bit-exact on the GPU first).
-# Below 128 rows not timed: plan 3 stays. Override: gdn_decode_large_from=N (0 = never).
+# From 64 rows since session 34 (H100, perf.md run 17): staggered 66.0 / 122.2 us at 64 rows against
+# plan 3's 77.1 / 127.0 (HV 32 / 64; synchronised plan 3 is 4 % faster at HV 32, but served rows
+# flush on their slot's phase, i.e. staggered). Below 64 a GDN batch runs SGLang's packed decode
+# (ring_min_batch), so plan 3 serves only forced-ring launches there. Override:
+# gdn_decode_large_from=N (0 = never).
 _GDN_DECODE_LARGE = GDNDecodeConfig(split=5, block_v=16, num_warps=1, num_stages=2, flush_cols=8,
                                     use_dot=False, evict_first=True, loop_split=1, flush_split=8)
-_GDN_DECODE_LARGE_FROM = 128
+_GDN_DECODE_LARGE_FROM = 64
 
 
 def gdn_decode_large_from() -> int:
