@@ -34,8 +34,9 @@ MiB = 1 << 20
 # --------------------------------------------------------------------------------------------
 # timing
 # --------------------------------------------------------------------------------------------
-def time_graph(fn, units: int, reps: int = 30, warmup: int = 2) -> float:
-    """Median microseconds per unit of a CUDA-graph replay of `fn` (which performs `units` units)."""
+def time_graph(fn, units: int, reps: int = 30, warmup: int = 2, repeat: int = 1) -> float:
+    """Median microseconds per unit of a CUDA-graph replay of `fn` (which performs `units` units),
+    captured `repeat` times back to back in the one graph."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -45,7 +46,8 @@ def time_graph(fn, units: int, reps: int = 30, warmup: int = 2) -> float:
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        fn()
+        for _ in range(repeat):
+            fn()
     g.replay()
     torch.cuda.synchronize()
     times = []
@@ -57,7 +59,7 @@ def time_graph(fn, units: int, reps: int = 30, warmup: int = 2) -> float:
         en.synchronize()
         times.append(st.elapsed_time(en))
     del g
-    return statistics.median(times) * 1e3 / units
+    return statistics.median(times) * 1e3 / (units * repeat)
 
 
 def phase_timer(res: dict, reps: int, width: int = 44):
@@ -227,7 +229,7 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
             # Timed as ours is: L steps back to back in one graph (a server runs the layers' launches
             # back to back). One launch a replay (the number before session 34) read 426 us at batch
             # 256 on an H100, where the same kernel ran at 363 us inside a server: kept beside it.
-            row["decode_packed_us"] = time_graph(lambda: [packed() for _ in range(L)], sets * L, reps)
+            row["decode_packed_us"] = time_graph(packed, sets, reps, repeat=L)
             row["decode_packed_single_us"] = time_graph(packed, sets, reps)
             # --- decode: SGLang in-tree ReplaySSM, amortised over a cycle ---------------
             d_c = torch.zeros(S, HV, L, V, device=dev)
@@ -305,7 +307,7 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
                     q, k, v = split(mixed[i])
                     gdn_replay_decode(q, k, v, av[i], bv[i], A_log, dt_bias, state, rings, slots[i],
                                       exact[i][0], exact[i][1], origin, out=o2)
-            row["decode_ours_exact_us"] = time_graph(lambda: [ours_exact() for _ in range(L)], sets * L, reps)
+            row["decode_ours_exact_us"] = time_graph(ours_exact, sets, reps, repeat=L)
             # Below the threshold the GDN backend runs SGLang's packed decode (after a fold).
             row["decode_dispatch"] = "stock" if B < ring_min_batch("gdn") else "ring"
             row["decode_default_cfg"] = gdn_decode_config(K, V, rows=B).key()
@@ -517,7 +519,7 @@ def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES, sweep=False):
                                            D_e, z=None, dt_bias=dtb_e, dt_softplus=True,
                                            state_batch_indices=slots[i], out=y)
             # L steps back to back, as ours (see the GDN decode's note); one launch a replay beside it.
-            row["decode_ssu_us"] = time_graph(lambda: [ssu() for _ in range(L)], sets * L, reps)
+            row["decode_ssu_us"] = time_graph(ssu, sets, reps, repeat=L)
             row["decode_ssu_single_us"] = time_graph(ssu, sets, reps)
             rings_all = alloc_mamba2_rings(1, S, NH, P, G, N, L, act, dev)
             rings = rings_all.layer(0)
@@ -546,7 +548,7 @@ def run_mamba2(batches, L, T, reps, results, shapes=M2_SHAPES, sweep=False):
                 for i in range(sets):
                     mamba2_replay_decode(xs[i], dts[i], Bs[i], Cs[i], A, D, dt_bias, state, rings, slots[i],
                                          exact[i][0], exact[i][1], origin, out=y)
-            row["decode_ours_exact_us"] = time_graph(lambda: [ours_exact() for _ in range(L)], sets * L, reps)
+            row["decode_ours_exact_us"] = time_graph(ours_exact, sets, reps, repeat=L)
             row["decode_dispatch"] = "exact" if Bsz < ring_min_batch("mamba2") else "ring"
             del rings, rings_all
             # spec
