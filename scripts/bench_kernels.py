@@ -174,6 +174,8 @@ DECODE_CONFIGS = ((0, 32, 1, 3, 32, 0, 0), (2, 16, 1, 3, 32, 0, 1), (2, 16, 1, 3
 # launch per layer (batch 1: 23.9 us in run 3 vs 24.7 us for the default in run 5, SGLang 15.7 us;
 # never timed side by side).
 DECODE_ONLY = False  # --gdn-decode-only: the GDN decode rows alone
+# --gdn-ckpt-split: also time ours on split-layout checkpoints (gdn/ckpt.py), in the same run
+CKPT_SPLIT = False
 VERIFY_SWEEP = ((32, 1, 2, 0), (32, 4, 2, 0), (64, 4, 2, 1), (64, 2, 2, 2), (128, 4, 2, 2), (128, 8, 2, 2))
 
 
@@ -272,13 +274,15 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
                         orders[id(rf)] = decode_row_order(rf, spread) if spread >= 0 else None
             add_orders(snaps)
 
+            layout = {"split": False}
+
             def ours_decode():
                 for j in range(L):
                     for i in range(sets):
                         q, k, v = split(mixed[i])
                         gdn_replay_decode(q, k, v, av[i], bv[i], A_log, dt_bias, state, rings, slots[i],
                                           snaps[j][i][0], snaps[j][i][1], origin, out=o2,
-                                          row_order=orders[id(snaps[j][i][1])])
+                                          row_order=orders[id(snaps[j][i][1])], split_ckpt=layout["split"])
             for cfg in DECODE_CONFIGS:
                 with override("gdn_decode", cfg):
                     row["decode_ours_us_" + "x".join(map(str, cfg))] = time_graph(ours_decode, sets * L, reps)
@@ -294,6 +298,20 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
             best = min(DECODE_CONFIGS, key=lambda c: row["decode_ours_staggered_us_" + "x".join(map(str, c))])
             row["decode_ours_staggered_cfg"] = "x".join(map(str, best))
             row["decode_ours_staggered_us"] = row["decode_ours_staggered_us_" + row["decode_ours_staggered_cfg"]]
+            if CKPT_SPLIT:
+                # The same launches on split-layout checkpoints (the pool packed first, so the
+                # exact paths see real values), synchronised and staggered.
+                pack_state(state)
+                layout["split"] = True
+                for suffix, snaps in (("", snaps_sync), ("_staggered", snaps)):  # ours_decode reads `snaps`
+                    for cfg in DECODE_CONFIGS:
+                        with override("gdn_decode", cfg):
+                            row[f"decode_ours_split{suffix}_us_" + "x".join(map(str, cfg))] = time_graph(
+                                ours_decode, sets * L, reps)
+                    row[f"decode_ours_split{suffix}_us"] = min(
+                        row[f"decode_ours_split{suffix}_us_" + "x".join(map(str, c))] for c in DECODE_CONFIGS)
+                layout["split"] = False
+                unpack_state(state)
             for unroll in (GDN_UNROLL_SWEEP if sweep else ()):  # the default plan with a deeper exact replay
                 with override("gdn_replay_unroll", (unroll,)):
                     for suffix, snaps in (("", snaps_sync), ("_staggered", snaps)):  # ours_decode reads `snaps`
@@ -383,13 +401,14 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
             origin.zero_()
             tickets = torch.zeros(S, dtype=torch.int32, device=dev)
 
-            def ours_spec():
+            def ours_spec(split_ckpt=False):
                 # The backend's commit (pool.replayssm_commit): one launch below gdn_commit_fused_below rows.
                 for t in range(n_steps):
                     for i in range(sets):
                         gdn_replay_verify(qs[i], ks[i], vs[i], as_[i], bs_[i], A_log, dt_bias, state, rings,
-                                          slots[i], wpos, origin, out=ov)
-                        gdn_commit(state[None], rings_all, slots[i], wpos, origin, accs[t], T, tickets)
+                                          slots[i], wpos, origin, out=ov, split_ckpt=split_ckpt)
+                        gdn_commit(state[None], rings_all, slots[i], wpos, origin, accs[t], T, tickets,
+                                   split_ckpt=split_ckpt)
             cfgs = VERIFY_CONFIGS + (VERIFY_SWEEP if sweep else ())
             for cfg in cfgs:
                 with override("gdn_verify", cfg):
@@ -408,11 +427,30 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
             for unroll in (GDN_UNROLL_SWEEP if sweep else ()):
                 with override("gdn_verify", best), override("gdn_replay_unroll", (unroll,)):
                     row[f"spec_ours_us_u{unroll}"] = time_graph(ours_spec, sets * n_steps, reps)
+            if CKPT_SPLIT:
+                pack_state(state)
+                with override("gdn_verify", best):
+                    row["spec_ours_split_us"] = time_graph(lambda: ours_spec(True), sets * n_steps, reps)
             del rings, rings_all, state
             torch.cuda.empty_cache()
             row["spec_bytes_stock"] = gdn_verify_bytes_baseline(B, H, HV, K, V, T)
             results.append(row)
             print(json.dumps(row), flush=True)
+
+
+def pack_state(state, chunk=64):
+    """`split_ckpt_pack` a `[S, HV, V, K]` pool in place, `chunk` slots at a time (bounded temporaries)."""
+    from replayssm_kernels.gdn import split_ckpt_pack
+
+    for s0 in range(0, state.shape[0], chunk):
+        split_ckpt_pack(state[s0:s0 + chunk])
+
+
+def unpack_state(state, chunk=64):
+    from replayssm_kernels.gdn import split_ckpt_unpack
+
+    for s0 in range(0, state.shape[0], chunk):
+        split_ckpt_unpack(state[s0:s0 + chunk])
 
 
 def gdn_correctness_check(sweep=False):
@@ -427,12 +465,17 @@ def gdn_correctness_check(sweep=False):
 
     from replayssm_kernels.configs import GDN_UNROLL_SWEEP, override
 
+    layouts = ((0,), (1,)) if CKPT_SPLIT else ((0,),)
     for cfg in DECODE_CONFIGS:
-        with override("gdn_decode", cfg):
-            t.test_gdn_decode(2, 16, 32, 128, 128, 16, torch.bfloat16, 34, "cuda", check)
-            t.test_gdn_decode(2, 4, 8, 128, 128, 16, torch.float32, 20, "cuda", check)
+        for lay in layouts:
+            with override("gdn_decode", cfg), override("gdn_ckpt_split", lay):
+                t.test_gdn_decode(2, 16, 32, 128, 128, 16, torch.bfloat16, 34, "cuda", check)
+                t.test_gdn_decode(2, 4, 8, 128, 128, 16, torch.float32, 20, "cuda", check)
     if DECODE_ONLY:
         return
+    if CKPT_SPLIT:
+        with override("gdn_ckpt_split", (1,)):
+            t.test_gdn_verify_commit(4, 16, 32, 128, 128, 16, 4, torch.bfloat16, 20, "cuda", check)
     for cfg in VERIFY_CONFIGS + (VERIFY_SWEEP if sweep else ()):
         with override("gdn_verify", cfg):
             t.test_gdn_verify_commit(4, 16, 32, 128, 128, 16, 4, torch.bfloat16, 20, "cuda", check)
@@ -692,6 +735,25 @@ def print_table(results, bw):
                 f"{r['spec_stock_us'] / r['spec_ours_us']:.2f}", "-")))
 
 
+def print_split_table(results):
+    """GDN rows timed on both checkpoint layouts (--gdn-ckpt-split): ours fp32 vs ours split vs
+    SGLang's kernels, same run."""
+    rows = [r for r in results if r["family"] == "gdn" and "decode_ours_split_us" in r]
+    if not rows:
+        return
+    print("\nsplit checkpoint layout (same run): decode staggered and spec, us and x vs SGLang")
+    print(" | ".join(("shape", "B", "packed us", "ours fp32 stag", "x", "ours split stag", "x",
+                      "spec base us", "spec fp32 us", "x", "spec split us", "x")))
+    for r in rows:
+        base = r["decode_packed_us"]
+        f32, spl = r["decode_ours_staggered_us"], r["decode_ours_split_staggered_us"]
+        spec = [r.get(k) for k in ("spec_stock_us", "spec_ours_us", "spec_ours_split_us")]
+        spec_cols = ((f"{spec[0]:.1f}", f"{spec[1]:.1f}", f"{spec[0] / spec[1]:.2f}", f"{spec[2]:.1f}",
+                      f"{spec[0] / spec[2]:.2f}") if None not in spec else ("-",) * 5)
+        print(" | ".join(str(x) for x in (f"H{r['H']} HV{r['HV']}", r["B"], f"{base:.1f}", f"{f32:.1f}",
+                                          f"{base / f32:.2f}", f"{spl:.1f}", f"{base / spl:.2f}", *spec_cols)))
+
+
 def _plan_list(parser, name: str, text: str) -> tuple:
     from replayssm_kernels.configs import parse_plan
 
@@ -715,11 +777,14 @@ def main(argv=None):
                    "DECODE_CONFIGS, e.g. 3x16x1x3x8x0x1")
     p.add_argument("--gdn-verify-plans", help="comma-separated gdn_verify plans to time (and check) instead of "
                    "VERIFY_CONFIGS, e.g. 16x1x1x6x8,32x2x2x6,16x1x2x6")
+    p.add_argument("--gdn-ckpt-split", action="store_true", help="GDN: also check and time ours on split-layout "
+                   "checkpoints (gdn/ckpt.py: output reads of bf16 halves), beside the fp32 layout in the same run")
     p.add_argument("--gdn-decode-only", action="store_true", help="GDN: check and time the decode only (no spec "
                    "verify + commit rows: a decode plan sweep in less device time)")
     args = p.parse_args(argv)
-    global DECODE_CONFIGS, VERIFY_CONFIGS, DECODE_ONLY
+    global DECODE_CONFIGS, VERIFY_CONFIGS, DECODE_ONLY, CKPT_SPLIT
     DECODE_ONLY = args.gdn_decode_only
+    CKPT_SPLIT = args.gdn_ckpt_split
     if args.gdn_decode_plans:
         DECODE_CONFIGS = _plan_list(p, "gdn_decode", args.gdn_decode_plans)
     if args.gdn_verify_plans:
@@ -759,6 +824,7 @@ def main(argv=None):
             json.dump({"info": info, "results": results}, f, indent=1)
     print(json.dumps(info))
     print_table(results, bw)
+    print_split_table(results)
 
 
 if __name__ == "__main__":

@@ -159,12 +159,18 @@ def _rings_from_fields(family: str, values: dict):
     return Mamba2Rings(**values)
 
 
+def _gdn_ckpt_split_config() -> bool:
+    from replayssm_kernels.configs import gdn_ckpt_split
+
+    return gdn_ckpt_split()
+
+
 def _gdn_fold(state, rings, slot_idx, row_nfold, row_origin, dst=None, dst_idx=None, snap_at=None, snap_slot=None,
-              cursors=None):
+              cursors=None, split_ckpt=False):
     from replayssm_kernels.gdn.fold import gdn_replay_fold
 
     gdn_replay_fold(state, rings, slot_idx, row_nfold, row_origin, dst=dst, dst_idx=dst_idx,
-                    snap_at=snap_at, snap_slot=snap_slot, cursors=cursors)
+                    snap_at=snap_at, snap_slot=snap_slot, cursors=cursors, split_ckpt=split_ckpt)
 
 
 # ------------------------------------------------------------------------------ the pool
@@ -191,6 +197,7 @@ class ReplaySSMCpuCopy(NamedTuple):
     rings: dict  # State field name -> [Lm, n, ...] CPU tensor
     wpos: torch.Tensor
     origin: torch.Tensor
+    ckpt_split: bool = False  # the pool's checkpoint layout when copied (pool.replayssm_ckpt_split)
 
 
 FoldFn = Callable[..., None]
@@ -306,7 +313,16 @@ class ReplaySSMMambaPool(MambaPool):
             self.mamba_cache = self.State(conv=conv, temporal=temporal, **ring_fields)
         self.replayssm_rings = rings
         self.replayssm_layer_rings = [rings.layer(i) for i in range(num_layers)]
-        self.replayssm_fold_fn: Optional[FoldFn] = _gdn_fold if ctx.family == "gdn" else None
+        # GDN checkpoint layout (replayssm_kernels/gdn/ckpt.py). `enabled`: this pool uses the split
+        # layout while its decode runs the ring (configs.gdn_ckpt_split at allocation); `split`: the
+        # layout every checkpoint of the pool is in now. It is fp32 while SGLang's own decode
+        # kernel runs (batches below the ring's threshold; the switch converts every slot), split
+        # otherwise, except inside SGLang's prefill/extend calls, which see the batch's slots in
+        # fp32 (backends/gdn.py converts them around each layer's call).
+        self.replayssm_ckpt_split_enabled = bool(ctx.family == "gdn" and self.replayssm_ring_len > 0
+                                                 and _gdn_ckpt_split_config())
+        self.replayssm_ckpt_split = False
+        self.replayssm_fold_fn: Optional[FoldFn] = self._gdn_fold_now if ctx.family == "gdn" else None
         # Mamba-2: the `(A, dt_bias)` pair the fold reads (set_replayssm_mamba2_params).
         self.replayssm_mamba2_params: Optional[tuple] = None
 
@@ -398,15 +414,37 @@ class ReplaySSMMambaPool(MambaPool):
         from replayssm_kernels import commit_prepare
 
         temporal, rings = self.mamba_cache.temporal, self.replayssm_rings
-        if self.replayssm_family == "gdn" and self.replayssm_fold_fn is _gdn_fold:
+        if self.replayssm_family == "gdn" and self.replayssm_fold_fn == self._gdn_fold_now:
             from replayssm_kernels.gdn.fold import gdn_commit
 
             gdn_commit(temporal, rings, slots, self.replayssm_wpos, self.replayssm_origin, num_accepted,
-                       max_draft_tokens, self.replayssm_tickets)
+                       max_draft_tokens, self.replayssm_tickets, split_ckpt=self.replayssm_ckpt_split)
             return
         n_fold, origin = commit_prepare(slots, self.replayssm_wpos, self.replayssm_origin, num_accepted,
                                         self.replayssm_ring_len, max_draft_tokens)
         self.replayssm_fold_fn(temporal, rings, slots, n_fold, origin)
+
+    def _gdn_fold_now(self, *args, **kwargs) -> None:
+        """The GDN exact fold on the pool's checkpoints in their present layout."""
+        _gdn_fold(*args, split_ckpt=self.replayssm_ckpt_split, **kwargs)
+
+    def replayssm_set_ckpt_layout(self, split: bool, slots: Optional[torch.Tensor] = None) -> None:
+        """Convert checkpoints (every slot, or `slots` of each layer) to the split layout or back
+        to fp32, in place. Without `slots` this is the pool's layout switch (`replayssm_ckpt_split`
+        follows); with `slots` only those slots change (the caller keeps track)."""
+        if not self.replayssm_ckpt_split_enabled:
+            if split:
+                raise RuntimeError("this pool does not use the split checkpoint layout")
+            return
+        from replayssm_kernels.gdn.ckpt import split_ckpt_convert
+
+        if slots is None:
+            if split == self.replayssm_ckpt_split:
+                return
+            split_ckpt_convert(self.mamba_cache.temporal, None, split)
+            self.replayssm_ckpt_split = split
+        else:
+            split_ckpt_convert(self.mamba_cache.temporal, slots, split)
 
     def set_replayssm_fold(self, fn: FoldFn) -> None:
         """Register the exact fold used by `copy_from`:
@@ -499,6 +537,7 @@ class ReplaySSMMambaPool(MambaPool):
             rings=rings,
             wpos=self.replayssm_wpos[idx].to("cpu"),
             origin=self.replayssm_origin[idx].to("cpu"),
+            ckpt_split=self.replayssm_ckpt_split,
         )
 
     def load_cpu_copy(self, mamba_cache_cpu, indices):
@@ -514,6 +553,9 @@ class ReplaySSMMambaPool(MambaPool):
             dst[:, idx] = t.to(dst.device)
         self.replayssm_wpos[idx] = mamba_cache_cpu.wpos.to(self.replayssm_wpos.device)
         self.replayssm_origin[idx] = mamba_cache_cpu.origin.to(self.replayssm_origin.device)
+        if mamba_cache_cpu.ckpt_split != self.replayssm_ckpt_split:
+            # Saved in the other checkpoint layout (the pool switched since): convert these slots.
+            self.replayssm_set_ckpt_layout(self.replayssm_ckpt_split, idx.to(torch.int32))
 
 
 def _triton_interpret() -> bool:

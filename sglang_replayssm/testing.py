@@ -13,7 +13,8 @@ from typing import Optional
 import torch
 
 from replayssm_kernels import commit_prepare, decode_prepare, decode_row_order, pending_fold_plan
-from replayssm_kernels.configs import gdn_flush_phase, gdn_flush_spread
+from replayssm_kernels.configs import gdn_ckpt_split, gdn_flush_phase, gdn_flush_spread
+from replayssm_kernels.gdn.ckpt import split_ckpt_decode, split_ckpt_encode
 from replayssm_kernels.gdn import (
     alloc_gdn_rings,
     gdn_commit,
@@ -147,6 +148,8 @@ class GDNHarness(_RingHarness):
         # Read once, as the backend's batch state reads them (backends/common.py).
         self._flush_phase = gdn_flush_phase()
         self._flush_spread = gdn_flush_spread()
+        # The checkpoint layout (gdn/ckpt.py), fixed for the harness's life as for a pool's.
+        self.split_ckpt = gdn_ckpt_split()
 
     def _rings_for(self, dtype: torch.dtype):
         if self._check_dtype(dtype) or self._rings is None:
@@ -158,7 +161,8 @@ class GDNHarness(_RingHarness):
         """Load checkpoints `[batch, HV, V, K]` (fp32) and empty the rings."""
         if tuple(S0.shape) != (self.batch, self.HV, self.V, self.K):
             raise ValueError(f"state must be [{self.batch}, {self.HV}, {self.V}, {self.K}], got {tuple(S0.shape)}")
-        self._state[0, self.slot_idx.long()] = S0.to(device=self.device, dtype=torch.float32)
+        S0 = S0.to(device=self.device, dtype=torch.float32)
+        self._state[0, self.slot_idx.long()] = split_ckpt_encode(S0) if self.split_ckpt else S0
         self._reset_cursors()
 
     def decode(self, q, k, v, a, b, force_flush=None) -> torch.Tensor:
@@ -168,32 +172,37 @@ class GDNHarness(_RingHarness):
         # the launch's row order, as the backend makes it (scheduling only)
         order = decode_row_order(row_flush, self._flush_spread) if self._flush_spread >= 0 else None
         return gdn_replay_decode(q, k, v, a, b, self.A_log, self.dt_bias, self._state[0], rings.layer(0),
-                                 self.slot_idx, row_wp, row_flush, self.origin, row_order=order)
+                                 self.slot_idx, row_wp, row_flush, self.origin, row_order=order,
+                                 split_ckpt=self.split_ckpt)
 
     def verify(self, q, k, v, a, b) -> torch.Tensor:
         """The same with a draft axis after batch -> o `[batch, T', HV, V]`."""
         self._verify_begin(k.shape[1])
         rings = self._rings_for(k.dtype)
         return gdn_replay_verify(q, k, v, a, b, self.A_log, self.dt_bias, self._state[0], rings.layer(0),
-                                 self.slot_idx, self.wpos, self.origin)
+                                 self.slot_idx, self.wpos, self.origin, split_ckpt=self.split_ckpt)
 
     def commit(self, num_accepted) -> None:
         """Accept `num_accepted[i]` (1..T') drafts of row i; folds when the next window needs room."""
         gdn_commit(self._state, self._rings, self.slot_idx, self.wpos, self.origin, self._accepted(num_accepted),
-                   self.max_draft_tokens, self.tickets)
+                   self.max_draft_tokens, self.tickets, split_ckpt=self.split_ckpt)
 
     def state(self) -> torch.Tensor:
         """Committed state `[batch, HV, V, K]` fp32: checkpoint + pending entries, exactly folded."""
         if self._rings is None:
-            return self._state[0, self.slot_idx.long()].clone()
-        n, org = pending_fold_plan(self.slot_idx, self.wpos, self.origin)
-        out = torch.empty(1, self.batch, self.HV, self.V, self.K, dtype=torch.float32, device=self.device)
-        dst_idx = torch.arange(self.batch, dtype=torch.int32, device=self.device)
-        gdn_replay_fold(self._state, self._rings, self.slot_idx, n, org, dst=out, dst_idx=dst_idx)
-        return out[0]
+            out = self._state[0, self.slot_idx.long()].clone()
+        else:
+            n, org = pending_fold_plan(self.slot_idx, self.wpos, self.origin)
+            out = torch.empty(1, self.batch, self.HV, self.V, self.K, dtype=torch.float32, device=self.device)
+            dst_idx = torch.arange(self.batch, dtype=torch.int32, device=self.device)
+            gdn_replay_fold(self._state, self._rings, self.slot_idx, n, org, dst=out, dst_idx=dst_idx,
+                            split_ckpt=self.split_ckpt)
+            out = out[0]
+        return split_ckpt_decode(out) if self.split_ckpt else out
 
     # Inspection helpers for tests (not part of the conformance API).
     def checkpoint_pool(self) -> torch.Tensor:
+        """The raw checkpoint pool `[slots, HV, V, K]` (in the split layout's bytes when `split_ckpt`)."""
         return self._state[0]
 
     def pending(self) -> torch.Tensor:

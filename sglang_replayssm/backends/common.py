@@ -192,10 +192,14 @@ class ReplaySSMBatchState:
                 if self._rings_dirty and not in_capture:
                     self.materialize(self._every_slot())
                     self._rings_dirty = False
+                if not in_capture:
+                    # SGLang's kernel reads and writes fp32 checkpoints (no-op unless split).
+                    self.pool.replayssm_set_ckpt_layout(False)
                 self.row_wp = self.row_flush = self.row_order = None
                 return
             if not in_capture:
                 self._rings_dirty = True
+                self._ring_layout()
             if graph:
                 if self._static_wp is None or self._static_wp.shape[0] < bs:
                     raise RuntimeError("ReplaySSM: CUDA-graph buffers not initialised for this batch size")
@@ -244,11 +248,23 @@ class ReplaySSMBatchState:
         elif mode.is_target_verify():
             if not in_capture:
                 self._rings_dirty = True
+                self._ring_layout()
             self.row_wp = self.row_flush = self.row_order = None
         elif mode.is_extend(include_draft_extend_v2=True) and not mode.is_draft_extend_v2():
             if not in_capture:
                 self.materialize(slots)
             self.row_wp = self.row_flush = self.row_order = None
+
+    def _ring_layout(self) -> None:
+        """The ring kernels run on split checkpoints where the pool uses them: switch the whole
+        pool back after SGLang's own decode kernel ran (once per switch; a no-op otherwise)."""
+        if self.pool.replayssm_ckpt_split_enabled and not self.pool.replayssm_ckpt_split:
+            self.pool.replayssm_set_ckpt_layout(True)
+
+    @property
+    def split_ckpt(self) -> bool:
+        """The checkpoint layout the ring kernels of this batch read (the pool's now)."""
+        return self.pool.replayssm_ckpt_split
 
     def _log_rows(self, slots: torch.Tensor, row_wp: torch.Tensor, row_flush: torch.Tensor) -> None:
         valid = slots[: row_wp.shape[0]] >= 0

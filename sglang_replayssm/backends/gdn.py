@@ -19,6 +19,7 @@ from sglang.kernels.ops.mamba.causal_conv1d_triton import causal_conv1d_update
 from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
 
 from replayssm_kernels.gdn import gdn_replay_decode, gdn_replay_verify
+from replayssm_kernels.gdn.ckpt import split_ckpt_convert
 from sglang_replayssm.backends.common import (
     ReplaySSMBatchState,
     ReplaySSMMetadataMixin,
@@ -63,16 +64,34 @@ class ReplaySSMGDNAttnBackend(ReplaySSMMetadataMixin, GDNAttnBackend):
         out = gdn_replay_decode(
             q, k, v, a.reshape(bs, HV), b.reshape(bs, HV), layer.A_log, layer.dt_bias, ssm_states, rings,
             cache_indices, self._rssm.row_wp, self._rssm.row_flush, self._rssm.pool.replayssm_origin,
-            scale=K ** -0.5, row_order=self._rssm.row_order,
+            scale=K ** -0.5, row_order=self._rssm.row_order, split_ckpt=self._rssm.split_ckpt,
         )
         self._track_mamba_state_decode(forward_batch, conv_states, ssm_states, cache_indices, layer.layer_id)
+        return out
+
+    def _extend_on_fp32(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
+        """SGLang's prefill/extend on a pool in the split checkpoint layout: this layer's
+        checkpoints of the batch's slots go to fp32 for the call (their rings were folded by
+        `prepare`), and back to split after it, with the radix track slots the call wrote."""
+        ssm_states = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id).temporal
+        md = self.forward_metadata
+        slots = md.mamba_cache_indices
+        split_ckpt_convert(ssm_states, slots, False)
+        out = super().forward_extend(layer, forward_batch, mixed_qkv, a, b, **kwargs)
+        written = [slots]
+        if getattr(md, "has_mamba_track_mask", False):
+            written += [t for t in (getattr(md, "track_ssm_h_dst", None), getattr(md, "track_ssm_final_dst", None))
+                        if t is not None and t.numel() > 0]
+        split_ckpt_convert(ssm_states, torch.cat([w.reshape(-1).to(torch.int32) for w in written]), True)
         return out
 
     def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
         if self._draft_on_pool:
             refuse_draft_linear_forward("GDN")
         if self._rssm is None or not forward_batch.forward_mode.is_target_verify():
-            return super().forward_extend(layer, forward_batch, mixed_qkv, a, b, **kwargs)
+            if self._rssm is None or not self._rssm.split_ckpt:
+                return super().forward_extend(layer, forward_batch, mixed_qkv, a, b, **kwargs)
+            return self._extend_on_fp32(layer, forward_batch, mixed_qkv, a, b, **kwargs)
         if self.forward_metadata.retrieve_parent_token is not None:
             raise RuntimeError("--mamba-backend replayssm verifies linear draft chains only (topk 1)")
         cache, rings = self._layer(layer.layer_id)
@@ -95,6 +114,6 @@ class ReplaySSMGDNAttnBackend(ReplaySSMMetadataMixin, GDNAttnBackend):
         out = gdn_replay_verify(
             q, k, v, a.reshape(bs, T, HV), b.reshape(bs, T, HV), layer.A_log, layer.dt_bias, ssm_states, rings,
             cache_indices[:bs], self._rssm.pool.replayssm_wpos, self._rssm.pool.replayssm_origin,
-            scale=K ** -0.5,
+            scale=K ** -0.5, split_ckpt=self._rssm.split_ckpt,
         )
         return out.view(1, seq_len, HV, V)

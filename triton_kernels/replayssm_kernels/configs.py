@@ -26,7 +26,7 @@ _OVERRIDE_ARITY = {"gdn_decode": (7, 8, 9), "gdn_verify": (3, 4, 5), "gdn_verify
                    "gdn_state_dot": (1, 2), "gdn_fold_narrow_below": (1,),
                    "gdn_commit_fused_below": (1,), "gdn_flush_spread": (1,),
                    "gdn_flush_phase": (1,), "gdn_pdl": (1,), "gdn_verify_maxnreg": (1,),
-                   "gdn_decode_large_from": (1,)}
+                   "gdn_decode_large_from": (1,), "gdn_ckpt_split": (1,)}
 
 
 def parse_plan(name: str, text: str) -> tuple[int, ...] | None:
@@ -77,6 +77,8 @@ def describe() -> str:
         f"gdn_replay_unroll={gdn_replay_unroll()} (ring entries per straight-line chunk of the exact replay)",
         f"gdn_flush_spread={gdn_flush_spread()} (GDN decode: -1 = rows in batch order; 0..100 = flush rows spread "
         "over that percentage of the launch from the front)",
+        f"gdn_ckpt_split={int(gdn_ckpt_split())} (GDN checkpoint layout of new pools: 1 = split 16-bit planes, "
+        "0 = fp32)",
         f"gdn_flush_phase={int(gdn_flush_phase())} (GDN decode: rows also flush on their slot's phase, so rows that "
         "started together flush on different steps; 0 = only when the ring is full)",
         f"gdn_pdl={int(gdn_pdl())} (GDN two-launch pair: the state launch starts while the prep launch "
@@ -538,6 +540,17 @@ def gdn_flush_spread() -> int:
 # it runs (no result changes); each request folds once early, in its first cycle. Not yet measured
 # in a server. 0 = off, 1 = on.
 _GDN_FLUSH_PHASE = 1
+
+
+# The GDN checkpoint layout (gdn/ckpt.py): 1 = split planes (output-only reads with bf16
+# activations take half the bytes; the exact paths unchanged), 0 = fp32 (SGLang's layout). Read
+# where a pool or harness is made (the layout is the pool's, fixed for its life).
+_GDN_CKPT_SPLIT = 0
+
+
+def gdn_ckpt_split() -> bool:
+    """Whether new GDN pools keep their checkpoints in the split layout (REPLAYSSM_CONFIG gdn_ckpt_split=0|1)."""
+    return bool(_OVERRIDES.get("gdn_ckpt_split", (_GDN_CKPT_SPLIT,))[0])
 
 
 def gdn_flush_phase() -> bool:

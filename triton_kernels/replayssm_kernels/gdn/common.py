@@ -39,6 +39,64 @@ import triton.language as tl
 from .lanes import lane_allsum
 
 
+# -- checkpoint layouts ---------------------------------------------------------------------------
+# A head's `[V, K]` fp32 checkpoint block is stored either as fp32 (SGLang's layout) or, with
+# `SPLIT`, as two 16-bit planes over the same bytes: `hi[V*K]` then `lo[V*K]` (`gdn/ckpt.py`).
+# `lo` is the low half of each fp32 word and `hi` its high half rounded by `lo`'s top bit, so `hi`
+# read alone is the bf16 value of the element (nearest, ties away from zero) and `(hi, lo)` gives
+# back the fp32 word exactly. Offsets are element offsets inside the head block.
+
+
+@triton.jit
+def ckpt_load(p_head, o_h, mask, NVK: tl.constexpr, SPLIT: tl.constexpr, HALF: tl.constexpr = False,
+              EVICT: tl.constexpr = False):
+    """fp32 tile of the head block `p_head` (an fp32 pointer) at offsets `o_h`. With `SPLIT` and
+    `HALF` only the `hi` plane is read: the bf16 value of each element (output-only reads with
+    bf16 activations); else the exact fp32 value."""
+    if SPLIT:
+        p16 = p_head.to(tl.pointer_type(tl.uint16))
+        if EVICT:
+            hi = tl.load(p16 + o_h, mask=mask, other=0, eviction_policy="evict_first")
+        else:
+            hi = tl.load(p16 + o_h, mask=mask, other=0)
+        if HALF:
+            x = hi.to(tl.bfloat16, bitcast=True).to(tl.float32)
+        else:
+            if EVICT:
+                lo = tl.load(p16 + NVK + o_h, mask=mask, other=0, eviction_policy="evict_first")
+            else:
+                lo = tl.load(p16 + NVK + o_h, mask=mask, other=0)
+            x = ckpt_join(hi, lo)
+    else:
+        if EVICT:
+            x = tl.load(p_head + o_h, mask=mask, other=0, eviction_policy="evict_first")
+        else:
+            x = tl.load(p_head + o_h, mask=mask, other=0)
+    return x
+
+
+@triton.jit
+def ckpt_join(hi, lo):
+    """The fp32 words of `(hi, lo)` 16-bit planes."""
+    lo32 = lo.to(tl.uint32)
+    top = (hi.to(tl.uint32) - (lo32 >> 15)) & 0xFFFF
+    return ((top << 16) | lo32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def ckpt_store(p_head, o_h, x, mask, NVK: tl.constexpr, SPLIT: tl.constexpr):
+    """Store the fp32 tile `x` into the head block `p_head` at offsets `o_h` (see `ckpt_load`)."""
+    if SPLIT:
+        p16 = p_head.to(tl.pointer_type(tl.uint16))
+        bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+        lo = bits & 0xFFFF
+        hi = ((bits >> 16) + (lo >> 15)) & 0xFFFF
+        tl.store(p16 + o_h, hi.to(tl.uint16), mask=mask)
+        tl.store(p16 + NVK + o_h, lo.to(tl.uint16), mask=mask)
+    else:
+        tl.store(p_head + o_h, x.to(p_head.dtype.element_ty), mask=mask)
+
+
 @triton.jit
 def gdn_gate(b_a, b_b, b_A_log, b_dt_bias, softplus_beta, softplus_threshold):
     """Per-token log-decay `g` and write strength `beta` (scalars or vectors, fp32)."""
@@ -283,9 +341,9 @@ def _gdn_replay_entry(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, phy
 
 
 @triton.jit
-def gdn_replay(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org, n, p_snap, snap_at, mask_h,
+def gdn_replay(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org, n, p_snap, o_h, snap_at, mask_h,
                K: tl.constexpr, V: tl.constexpr, RL: tl.constexpr, UNROLL: tl.constexpr, HAS_SNAP: tl.constexpr,
-               TREE: tl.constexpr = False):
+               TREE: tl.constexpr = False, SPLIT: tl.constexpr = False):
     """Replay ring entries `0..n-1` (physical `(org + j) % RL`) into the state tile, exactly
     (`[BK, BVF]`, `[BVF, 4, 8, 4]` in the tree form, `[BVF, BK]` in the shuffle form; `o_k` /
     `p_snap` laid out to match).
@@ -294,7 +352,8 @@ def gdn_replay(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org, n, p_
     ring row 0 (no column offsets),
     `p_rg` / `p_rb` at its g / beta ring. Whole chunks of `UNROLL` entries are straight-line code
     (their loads need not wait on the state chain); the remainder runs one entry at a time. With
-    HAS_SNAP the tile after entry `snap_at - 1` is also stored at `p_snap` (radix track).
+    HAS_SNAP the tile after entry `snap_at - 1` is also stored into the head block `p_snap` at
+    offsets `o_h` (radix track; `SPLIT`: the checkpoint layout, `ckpt_store`).
     """
     n_main = (n // UNROLL) * UNROLL
     for j0 in range(0, n_main, UNROLL):
@@ -303,42 +362,42 @@ def gdn_replay(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org, n, p_
                                     K, V, TREE)
             if HAS_SNAP:
                 if j0 + u + 1 == snap_at:
-                    tl.store(p_snap, b_h.to(p_snap.dtype.element_ty), mask=mask_h)
+                    ckpt_store(p_snap, o_h, b_h, mask_h, K * V, SPLIT)
     if UNROLL > 1:
         for j in range(n_main, n):
             b_h = _gdn_replay_entry(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, (org + j) % RL,
                                     K, V, TREE)
             if HAS_SNAP:
                 if j + 1 == snap_at:
-                    tl.store(p_snap, b_h.to(p_snap.dtype.element_ty), mask=mask_h)
+                    ckpt_store(p_snap, o_h, b_h, mask_h, K * V, SPLIT)
     return b_h
 
 
 @triton.jit
 def _gdn_replayed_tile(p_hs, p_rk, p_rv, p_rg, p_rb, o_k, mask_k, o_v, org, n, K: tl.constexpr, V: tl.constexpr,
-                       RL: tl.constexpr, UNROLL: tl.constexpr, TREE: tl.constexpr):
+                       RL: tl.constexpr, UNROLL: tl.constexpr, TREE: tl.constexpr, SPLIT: tl.constexpr):
     """The state sub-tile of value rows `o_v` of the head block `p_hs`, loaded and advanced by the
-    pending entries `0..n-1` (`gdn_replay`): `(tile, its pointers, mask, mask_v)`."""
+    pending entries `0..n-1` (`gdn_replay`): `(tile, its offsets, mask, mask_v)`."""
     mask_v = o_v < V
     o_h, mask_h = gdn_state_offsets(o_k, o_v, mask_k, mask_v, K, TREE)
-    p_h = p_hs + o_h
-    b_h = tl.load(p_h, mask=mask_h, other=0).to(tl.float32)
-    b_h = gdn_replay(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org, n, p_h, 0, mask_h,
+    b_h = ckpt_load(p_hs, o_h, mask_h, K * V, SPLIT).to(tl.float32)
+    b_h = gdn_replay(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org, n, p_hs, o_h, 0, mask_h,
                      K, V, RL, UNROLL, False, TREE)
-    return b_h, p_h, mask_h, mask_v
+    return b_h, o_h, mask_h, mask_v
 
 
 @triton.jit
 def gdn_decode_flush(
     p_hs, p_vin, p_o, p_q, p_k, p_rk, p_rv, p_rg, p_rb, b_g, b_beta, wp, org, i_v, scale,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr,
-    RL: tl.constexpr, UNROLL: tl.constexpr, TREE: tl.constexpr,
+    RL: tl.constexpr, UNROLL: tl.constexpr, TREE: tl.constexpr, SPLIT: tl.constexpr = False,
 ):
     """A decode flush row's `[BV]` columns of one value head: exact replay of the pending entries,
     then of this token, then the baseline's readout; one BVF-column sub-tile at a time
     (per-column arithmetic is independent of BVF). `p_hs` is the head's state block, `p_q` / `p_k`
     this token's raw query / key, `p_rk` the raw-k ring (TREE: the normalised `k` ring), `p_rv`,
-    `p_rg`, `p_rb` the other rings, all at the head's row 0. The plain form needs a one-warp launch."""
+    `p_rg`, `p_rb` the other rings, all at the head's row 0. The plain form needs a one-warp launch.
+    `SPLIT`: the checkpoint layout (`ckpt_load`); the state is read and written exactly either way."""
     o_kq = tl.arange(0, BK)
     b_k = tl.load(p_k + o_kq, mask=o_kq < K, other=0).to(tl.float32)
     b_q = tl.load(p_q + o_kq, mask=o_kq < K, other=0).to(tl.float32)
@@ -353,8 +412,8 @@ def gdn_decode_flush(
     mask_k = o_k < K
     for i_f in tl.static_range(BV // BVF):
         o_v = i_v * BV + i_f * BVF + tl.arange(0, BVF)
-        b_h, p_h, mask_h, mask_v = _gdn_replayed_tile(p_hs, p_rk, p_rv, p_rg, p_rb, o_k, mask_k, o_v, org, wp, K, V,
-                                                      RL, UNROLL, TREE)
+        b_h, o_h, mask_h, mask_v = _gdn_replayed_tile(p_hs, p_rk, p_rv, p_rg, p_rb, o_k, mask_k, o_v, org, wp, K, V,
+                                                      RL, UNROLL, TREE, SPLIT)
         b_v = tl.load(p_vin + o_v, mask=mask_v, other=0).to(tl.float32)
         b_h = _gdn_replay_apply(b_h, b_k, b_v, b_g, b_beta, TREE)  # this token, as a replayed entry
         if TREE == 2:
@@ -366,4 +425,4 @@ def gdn_decode_flush(
             tl.store(p_o + o_v, gdn_tree_dot(b_h, b_q).to(p_o.dtype.element_ty), mask=mask_v)
         else:
             tl.store(p_o + o_v, tl.sum(b_h * b_q[:, None], 0).to(p_o.dtype.element_ty), mask=mask_v)
-        tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_h)
+        ckpt_store(p_hs, o_h, b_h, mask_h, K * V, SPLIT)

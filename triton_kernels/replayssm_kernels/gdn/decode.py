@@ -26,8 +26,9 @@ import triton
 import triton.language as tl
 
 from ..configs import GDN_K_FORMS, gdn_decode_config, gdn_history_rt, gdn_k_tree, gdn_replay_unroll
-from .common import (gdn_decode_flush, gdn_l2norm, gdn_l2norm_vec, gdn_ring_append_gate_keys, gdn_tile_ids,
+from .common import (ckpt_load, gdn_decode_flush, gdn_l2norm, gdn_l2norm_vec, gdn_ring_append_gate_keys, gdn_tile_ids,
                      gdn_token_gate)
+from .ckpt import ckpt_half_reads
 from .rings import GDNRings, check_gdn_rings
 from .verify import _verify_split
 from .verify_loop import _gdn_decode_loop_kernel, loop_programs
@@ -49,7 +50,7 @@ def _decode_nonflush(
     stride_d_slot, stride_k_slot, stride_g_slot, stride_rawv_slot, stride_rawk_slot, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr, USE_DOT: tl.constexpr, EVICT: tl.constexpr,
-    TREE: tl.constexpr, RAW_K: tl.constexpr,
+    TREE: tl.constexpr, RAW_K: tl.constexpr, SPLIT: tl.constexpr, HALF: tl.constexpr,
 ):
     """Output from checkpoint + pending entries by inner products; append this token."""
     o_k = tl.arange(0, BK)
@@ -80,8 +81,8 @@ def _decode_nonflush(
         # Probe matrix P = [k | q | 0 ...] and S_c P = dec S0 P + U^T (w * (K_ring P)).
         o_c = tl.arange(0, 16)
         b_p = tl.where(o_c[None, :] == 0, b_k[:, None], tl.where(o_c[None, :] == 1, b_q[:, None], 0.0))
-        b_hv = tl.load(p_hs + o_v[:, None] * K + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :], other=0,
-                       eviction_policy="evict_first" if EVICT else "")
+        b_hv = ckpt_load(p_hs, o_v[:, None] * K + o_k[None, :], mask_v[:, None] & mask_k[None, :], K * V, SPLIT,
+                         HALF, EVICT)
         b_sp = tl.dot(b_hv, b_p, input_precision="tf32x3")
         b_kp = tl.dot(b_kr, b_p, input_precision="tf32x3") * b_w[:, None]
         b_sp = b_dec * b_sp + tl.dot(tl.trans(b_ur), b_kp, input_precision="tf32x3")
@@ -89,8 +90,8 @@ def _decode_nonflush(
         b_hq = tl.sum(tl.where(o_c[None, :] == 1, b_sp, 0.0), 1)
     else:
         # [BV, BK] with K contiguous along axis 1 (the output-only path has no order to keep).
-        b_hs = tl.load(p_hs + o_v[:, None] * K + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :], other=0,
-                       eviction_policy="evict_first" if EVICT else "")
+        b_hs = ckpt_load(p_hs, o_v[:, None] * K + o_k[None, :], mask_v[:, None] & mask_k[None, :], K * V, SPLIT,
+                         HALF, EVICT)
         b_kk = tl.sum(b_kr * b_k[None, :], 1) * b_w
         b_kq = tl.sum(b_kr * b_q[None, :], 1) * b_w
         b_hk = b_dec * tl.sum(b_hs * b_k[None, :], 1) + tl.sum(b_ur * b_kk[:, None], 0)
@@ -122,7 +123,7 @@ def _gdn_decode_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
     USE_DOT: tl.constexpr, EVICT: tl.constexpr, PHASE: tl.constexpr, UNROLL: tl.constexpr = 1,
-    TREE: tl.constexpr = False, RAW_K: tl.constexpr = True,
+    TREE: tl.constexpr = False, RAW_K: tl.constexpr = True, SPLIT: tl.constexpr = False, HALF: tl.constexpr = False,
 ):
     i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
 
@@ -160,7 +161,7 @@ def _gdn_decode_kernel(
                 p_hs, p_vin, p_o, q + i_n * stride_q_tok + i_h * K, k + i_n * stride_k_tok + i_h * K, p_rk,
                 ring_rawv + slot * stride_rawv_slot + i_hv * RL * V, ring_g + slot * stride_g_slot + i_hv * RL,
                 ring_beta + slot * stride_beta_slot + i_hv * RL, b_g, b_beta, wp, org, i_v, scale,
-                K, V, BK, BV, BVF, RL, UNROLL, TREE,
+                K, V, BK, BV, BVF, RL, UNROLL, TREE, SPLIT,
             )
     if PHASE != 2:
         if flush == 0:
@@ -168,7 +169,7 @@ def _gdn_decode_kernel(
                 p_hs, p_vin, p_o, ring_d, ring_k, ring_g, ring_rawv, ring_rawk, ring_beta,
                 b_q, b_k, b_k_raw, b_g, b_beta, wp, org, slot, i_v, i_h, i_hv, scale,
                 stride_d_slot, stride_k_slot, stride_g_slot, stride_rawv_slot, stride_rawk_slot, stride_beta_slot,
-                H, HV, K, V, BK, BV, RL, RLB, USE_DOT, EVICT, TREE, RAW_K,
+                H, HV, K, V, BK, BV, RL, RLB, USE_DOT, EVICT, TREE, RAW_K, SPLIT, HALF,
             )
 
 
@@ -195,6 +196,7 @@ def gdn_replay_decode(
     scale: Optional[float] = None,
     out: Optional[torch.Tensor] = None,
     row_order: Optional[torch.Tensor] = None,
+    split_ckpt: bool = False,
 ) -> torch.Tensor:
     """One GDN decode step for every row.
 
@@ -213,6 +215,9 @@ def gdn_replay_decode(
         row_order (torch.Tensor, optional): `[B]` int32 permutation of the rows from
             `cursors.decode_row_order`: the order in which decode plan 3 or 4's state launch takes
             them (scheduling only; other plans ignore it). Results are the same either way.
+        split_ckpt (bool): the checkpoints are in the split layout (`gdn/ckpt.py`): flush rows
+            read and write them exactly; with bf16 activations the other rows read only their
+            `hi` planes (the bf16 value of each element) for their outputs.
 
     Returns:
         `[B, HV, V]` outputs in the dtype of `q`.
@@ -246,6 +251,8 @@ def gdn_replay_decode(
     BK = triton.next_power_of_2(K)
     RL = rings.ring_len
     cfg = gdn_decode_config(K, V, rows=B)
+    split = bool(split_ckpt)
+    half = split and ckpt_half_reads(q.dtype)
     bv_exact = min(triton.next_power_of_2(V), _BV_EXACT)
     bvf = min(cfg.flush_cols, bv_exact)
     args = (
@@ -268,7 +275,7 @@ def gdn_replay_decode(
         _gdn_decode_kernel[(triton.cdiv(V, BV) * B * HV,)](
             *args, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BVF=BVF, RL=RL, RLB=RLB, USE_DOT=use_dot,
             EVICT=cfg.evict_first, PHASE=phase, UNROLL=gdn_replay_unroll(), TREE=tree,
-            RAW_K=rings.has_raw_keys, num_warps=num_warps, num_stages=cfg.num_stages,
+            RAW_K=rings.has_raw_keys, SPLIT=split, HALF=half, num_warps=num_warps, num_stages=cfg.num_stages,
         )
 
     bv_cfg = min(triton.next_power_of_2(V), cfg.block_v)
@@ -292,7 +299,8 @@ def gdn_replay_decode(
             H=H, HV=HV, K=K, V=V, BK=BK, BV=bv_cfg, BVF=min(cfg.flush_cols, bv_cfg), RL=RL,
             RLB=triton.next_power_of_2(RL), EVICT=cfg.evict_first, UNROLL=gdn_replay_unroll(), TREE=tree,
             RT=gdn_history_rt(decode=True), ORDER=row_order is not None, RAW_K=rings.has_raw_keys,
-            NSTG=cfg.num_stages, VS=VS, VSF0=VSF, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            NSTG=cfg.num_stages, VS=VS, VSF0=VSF, SPLIT=split, HALF=half, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
         )
     elif cfg.split in (3, 4):
         # One launch fewer: the state launch of the two-launch pair also runs the flush rows; plan 4
@@ -300,14 +308,15 @@ def gdn_replay_decode(
         _verify_split(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), a.unsqueeze(1), b.unsqueeze(1), A_log, dt_bias,
                       state, rings, slot_idx, row_wp, origin, scale, out.view(B, 1, HV, V), BK, bv_cfg,
                       cfg.num_warps, cfg.num_stages, row_wp=row_wp, row_flush=row_flush,
-                      flush_cols=min(cfg.flush_cols, bv_cfg), row_order=row_order, inline_prep=cfg.split == 4)
+                      flush_cols=min(cfg.flush_cols, bv_cfg), row_order=row_order, inline_prep=cfg.split == 4,
+                      split_ckpt=split)
     elif cfg.split == 2:
         # Flush rows on the exact branch; non-flush rows through the two-launch verify pair with
         # T = 1 (per-head ring products first, then a light pass over each checkpoint tile).
         launch(_FLUSH, bv_exact, _NUM_WARPS, bvf)
         _verify_split(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), a.unsqueeze(1), b.unsqueeze(1), A_log, dt_bias,
                       state, rings, slot_idx, row_wp, origin, scale, out.view(B, 1, HV, V), BK, bv_cfg,
-                      cfg.num_warps, cfg.num_stages, row_wp=row_wp, row_flush=row_flush)
+                      cfg.num_warps, cfg.num_stages, row_wp=row_wp, row_flush=row_flush, split_ckpt=split)
     elif cfg.split:
         launch(_FLUSH, bv_exact, _NUM_WARPS, bvf)
         launch(_NONFLUSH, bv_cfg, cfg.num_warps, bvf)

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from ..configs import gdn_commit_fused_below, gdn_fold_block_v, gdn_fold_cols, gdn_k_tree, gdn_replay_unroll
 from ..cursors import commit_in_fold, commit_prepare, load_fold_plan
-from .common import gdn_k_offsets, gdn_replay, gdn_state_offsets, gdn_tile_ids
+from .common import ckpt_load, ckpt_store, gdn_k_offsets, gdn_replay, gdn_state_offsets, gdn_tile_ids
 from .rings import GDNRings, check_gdn_rings
 
 
@@ -40,7 +40,7 @@ def _gdn_fold_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, RL: tl.constexpr, HAS_DST: tl.constexpr,
     HAS_SNAP: tl.constexpr, FROM_CURSORS: tl.constexpr, UNROLL: tl.constexpr = 1, TREE: tl.constexpr = False,
-    COMMIT: tl.constexpr = False, T_MAX: tl.constexpr = 0,
+    COMMIT: tl.constexpr = False, T_MAX: tl.constexpr = 0, SPLIT: tl.constexpr = False,
 ):
     i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
     i_l = tl.program_id(1)
@@ -75,21 +75,20 @@ def _gdn_fold_kernel(
         o_v = i_v * BV + i_f * BVF + tl.arange(0, BVF)
         mask_v = o_v < V
         o_h, mask_h = gdn_state_offsets(o_k, o_v, mask_k, mask_v, K, TREE)
-        o_h = i_hv * K * V + o_h
-        p_h = state + i_l * stride_state_layer + slot * stride_state_slot + o_h
-        b_h = tl.load(p_h, mask=mask_h, other=0).to(tl.float32)
+        p_h = state + i_l * stride_state_layer + slot * stride_state_slot + i_hv * K * V  # the head block
+        b_h = ckpt_load(p_h, o_h, mask_h, K * V, SPLIT).to(tl.float32)
         p_rv = ring_rawv + i_l * stride_rawv_layer + slot * stride_rawv_slot + i_hv * RL * V
         if HAS_SNAP:
             # A row without a track slot this step stores no snapshot (entry index 0 never matches).
-            p_s = state + i_l * stride_state_layer + tl.maximum(b_snap_slot, 0) * stride_state_slot + o_h
-            b_h = gdn_replay(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org, n_fold, p_s,
-                             tl.where(b_snap_slot >= 0, b_snap_at, 0), mask_h, K, V, RL, UNROLL, True, TREE)
+            p_s = state + i_l * stride_state_layer + tl.maximum(b_snap_slot, 0) * stride_state_slot + i_hv * K * V
+            b_h = gdn_replay(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org, n_fold, p_s, o_h,
+                             tl.where(b_snap_slot >= 0, b_snap_at, 0), mask_h, K, V, RL, UNROLL, True, TREE, SPLIT)
         else:
-            b_h = gdn_replay(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org, n_fold, p_h, 0, mask_h,
+            b_h = gdn_replay(b_h, p_rk, p_rv, p_rg, p_rb, o_k, o_v, mask_k, mask_v, org, n_fold, p_h, o_h, 0, mask_h,
                              K, V, RL, UNROLL, False, TREE)
         if HAS_DST:
-            p_h = dst + i_l * stride_dst_layer + d_slot * stride_dst_slot + o_h
-        tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_h)
+            p_h = dst + i_l * stride_dst_layer + d_slot * stride_dst_slot + i_hv * K * V
+        ckpt_store(p_h, o_h, b_h, mask_h, K * V, SPLIT)
 
 
 def gdn_replay_fold(
@@ -104,6 +103,7 @@ def gdn_replay_fold(
     snap_slot: Optional[torch.Tensor] = None,
     cursors: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
     commit: Optional[tuple[torch.Tensor, torch.Tensor, int]] = None,
+    split_ckpt: bool = False,
 ) -> None:
     """Fold the first `row_nfold[i]` pending entries of each row into its checkpoint.
 
@@ -126,6 +126,8 @@ def gdn_replay_fold(
             `num_accepted[i]` entries per row as `commit_prepare` would (no fold window), in this
             launch, and fold what its early-flush rule says; `tickets` is an `[S]` int32 counter
             that starts at 0 and is left at 0. Not combined with `dst` or `snap_at`.
+        split_ckpt (bool): the checkpoints (and `dst`, snapshots) are in the split layout
+            (`gdn/ckpt.py`) instead of fp32; read and written exactly either way.
     """
     if state.dim() == 4:
         state = state.unsqueeze(0)
@@ -169,19 +171,19 @@ def gdn_replay_fold(
         rings.g.stride(0), rings.g.stride(1), rings.beta.stride(0), rings.beta.stride(1),
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BVF=min(BV, gdn_fold_cols()), RL=rings.ring_len, HAS_DST=has_dst,
         HAS_SNAP=has_snap, FROM_CURSORS=from_cursors, UNROLL=gdn_replay_unroll(), TREE=tree,
-        COMMIT=commit is not None, T_MAX=t_max, num_warps=1, num_stages=3,
+        COMMIT=commit is not None, T_MAX=t_max, SPLIT=bool(split_ckpt), num_warps=1, num_stages=3,
     )
 
 
 def gdn_commit(state: torch.Tensor, rings: GDNRings, slot_idx: torch.Tensor, wpos: torch.Tensor,
                origin: torch.Tensor, num_accepted: torch.Tensor, max_draft_tokens: int,
-               tickets: torch.Tensor) -> None:
+               tickets: torch.Tensor, split_ckpt: bool = False) -> None:
     """Speculative commit of all layers: move the cursors by `num_accepted` (as `commit_prepare`,
     no fold window) and fold what the early-flush rule says, in one launch below
     `gdn_commit_fused_below()` rows, else `commit_prepare` and `gdn_replay_fold`.
 
     `wpos`, `origin`, `tickets`: `[S]` int32, `tickets` all 0 (and left so); `num_accepted` `[B]`.
-    The ring length is the rings'.
+    The ring length is the rings'. `split_ckpt`: the checkpoint layout (`gdn_replay_fold`).
     """
     ring_len = rings.ring_len
     if ring_len < max_draft_tokens:
@@ -191,7 +193,7 @@ def gdn_commit(state: torch.Tensor, rings: GDNRings, slot_idx: torch.Tensor, wpo
         if tickets.dtype != torch.int32 or tickets.shape != wpos.shape:
             raise ValueError(f"tickets must be int32 {tuple(wpos.shape)}")
         gdn_replay_fold(state, rings, slot_idx, None, None, cursors=(wpos, origin),
-                        commit=(num_accepted, tickets, max_draft_tokens))
+                        commit=(num_accepted, tickets, max_draft_tokens), split_ckpt=split_ckpt)
         return
     row_nfold, row_origin = commit_prepare(slot_idx, wpos, origin, num_accepted, ring_len, max_draft_tokens)
-    gdn_replay_fold(state, rings, slot_idx, row_nfold, row_origin)
+    gdn_replay_fold(state, rings, slot_idx, row_nfold, row_origin, split_ckpt=split_ckpt)

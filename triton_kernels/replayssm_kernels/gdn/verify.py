@@ -26,7 +26,8 @@ import triton.language as tl
 
 from ..configs import (GDN_K_FORMS, gdn_history_rt, gdn_k_tree, gdn_pdl, gdn_prep_plan, gdn_replay_unroll,
                        gdn_state_dot, gdn_state_kc, gdn_verify_config, gdn_verify_loop_split, gdn_verify_maxnreg)
-from .common import gdn_gate, gdn_l2norm, gdn_l2norm_vec, gdn_tile_ids
+from .ckpt import ckpt_half_reads
+from .common import ckpt_load, gdn_gate, gdn_l2norm, gdn_l2norm_vec, gdn_tile_ids
 from .verify_mm import _gdn_verify_mm_kernel
 from .verify_loop import _gdn_verify_fused_kernel, _gdn_verify_state_loop_kernel, loop_programs
 from .verify_split import _gdn_verify_prep_kernel, _gdn_verify_state_kernel, scratch_floats
@@ -68,7 +69,8 @@ def _gdn_verify_kernel(
     stride_rawv_slot, stride_rawk_slot, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
-    USE_DOT: tl.constexpr, TREE: tl.constexpr = False, RAW_K: tl.constexpr = True,
+    USE_DOT: tl.constexpr, TREE: tl.constexpr = False, RAW_K: tl.constexpr = True, SPLIT: tl.constexpr = False,
+    HALF: tl.constexpr = False,
 ):
     i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
     first_of_group = i_hv % (HV // H) == 0
@@ -87,11 +89,11 @@ def _gdn_verify_kernel(
 
     p_hs = state + slot * stride_state_slot + i_hv * K * V
     if USE_DOT:
-        b_hv = tl.load(p_hs + o_v[:, None] * K + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :], other=0)
+        b_hv = ckpt_load(p_hs, o_v[:, None] * K + o_k[None, :], mask_v[:, None] & mask_k[None, :], K * V, SPLIT, HALF)
         o_c = tl.arange(0, 16)
         b_p = tl.zeros([BK, 16], dtype=tl.float32)
     else:
-        b_h = tl.load(p_hs + o_v[None, :] * K + o_k[:, None], mask=mask_k[:, None] & mask_v[None, :], other=0)
+        b_h = ckpt_load(p_hs, o_v[None, :] * K + o_k[:, None], mask_k[:, None] & mask_v[None, :], K * V, SPLIT, HALF)
 
     # Committed history.
     o_j = tl.arange(0, RLB)
@@ -215,6 +217,7 @@ def gdn_replay_verify(
     origin: torch.Tensor,
     scale: Optional[float] = None,
     out: Optional[torch.Tensor] = None,
+    split_ckpt: bool = False,
 ) -> torch.Tensor:
     """Outputs for every draft of every row; writes the window into the ring.
 
@@ -228,6 +231,8 @@ def gdn_replay_verify(
             `(origin + wpos + s) % L`. The caller guarantees `wpos + T <= L` (commit's early flush).
         slot_idx (torch.Tensor): `[B]` slots, `< 0` = padding (writes nothing).
         wpos, origin (torch.Tensor): `[S]` int32 cursors (not modified).
+        split_ckpt (bool): the checkpoints are in the split layout (`gdn/ckpt.py`); with bf16
+            activations only their `hi` planes (bf16 values) are read.
 
     Returns:
         `[B, T, HV, V]` outputs in the dtype of `q`.
@@ -264,7 +269,7 @@ def gdn_replay_verify(
     if use_dot in (4, 5, 6) and T <= 16:
         _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, origin, scale, out,
                       BK, min(triton.next_power_of_2(V), BV), num_warps, num_stages, vloop=use_dot >= 5,
-                      fused=use_dot == 6)
+                      fused=use_dot == 6, split_ckpt=split_ckpt)
         return out
     kernel = _gdn_verify_kernel
     extra = {}
@@ -281,6 +286,7 @@ def gdn_replay_verify(
     grid = (triton.cdiv(V, BV) * B * HV,)
     if use_dot is not None:
         extra = {"USE_DOT": bool(use_dot)}
+    extra.update(SPLIT=bool(split_ckpt), HALF=bool(split_ckpt) and ckpt_half_reads(q.dtype))
     kernel[grid](
         q, k, v, a, b, A_log, dt_bias, out,
         state, rings.d, rings.k, rings.g, rings.rawv, rings.rawk, rings.beta,
@@ -299,7 +305,7 @@ def gdn_replay_verify(
 
 def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, origin, scale, out,
                   BK, BV, num_warps, num_stages, row_wp=None, row_flush=None, flush_cols=0, row_order=None,
-                  inline_prep=False, vloop=False, fused=False):
+                  inline_prep=False, vloop=False, fused=False, split_ckpt=False):
     """Two-launch verify (verify_split.py): per-head window algebra, then one pass over the state.
     With `row_wp`/`row_flush` (decode, T = 1) only the non-flush rows are computed, unless
     `flush_cols` > 0: then the state launch also runs the flush rows exactly, `flush_cols`
@@ -308,9 +314,11 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
     `vloop` (verify plan products 5) runs the state launch as one program per row and value
     head that walks the value rows `BV` at a time, its tile loads pipelined (verify_loop.py);
     tensor-core products (its tiles are at least 16 x 16). `fused` (products 6, with `vloop`)
-    leaves out the prep launch: those programs make the prep's products themselves."""
+    leaves out the prep launch: those programs make the prep's products themselves. `split_ckpt`:
+    the checkpoint layout (`gdn/ckpt.py`; output reads of the `hi` plane only with bf16 activations)."""
     B, T, H, K = k.shape
     HV, V = state.shape[1], state.shape[2]
+    layout = {"SPLIT": bool(split_ckpt), "HALF": bool(split_ckpt) and ckpt_half_reads(q.dtype)}
     BT = triton.next_power_of_2(T)
     RL = rings.ring_len
     RLB = triton.next_power_of_2(RL)
@@ -355,7 +363,7 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
             rings.rawk.stride(0), rings.beta.stride(0),
             H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT, RL=RL, RLB=RLB, NP=max(16, 2 * BT), EVICT=True,
             RT=gdn_history_rt(decode=False), TREE=tree, RAW_K=rings.has_raw_keys, NSTG=num_stages, VS=VS,
-            num_warps=num_warps, num_stages=num_stages, **cap,
+            num_warps=num_warps, num_stages=num_stages, **cap, **layout,
         )
         return
     if not inline_prep:
@@ -379,7 +387,7 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
             state.stride(0), rings.d.stride(0), rings.rawv.stride(0),
             H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT, RL=RL, RLB=RLB, NS=NS, NP=max(16, 2 * BT), EVICT=True,
             RT=gdn_history_rt(decode=False), PDL=pdl, NSTG=num_stages, VS=VS,
-            num_warps=num_warps, num_stages=num_stages, **cap, **({"launch_pdl": True} if pdl else {}),
+            num_warps=num_warps, num_stages=num_stages, **cap, **layout, **({"launch_pdl": True} if pdl else {}),
         )
         return
     _gdn_verify_state_kernel[(triton.cdiv(V, BV) * B * HV,)](
@@ -397,6 +405,6 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
         KC=kc, RT=gdn_history_rt(decode=decode),
         DOT=dot, NP=max(16, 2 * BT), row_order=row_order, ORDER=row_order is not None, PDL=pdl,
         ring_kn=rings.k, ring_kraw=rings.rawk, stride_kn_slot=rings.k.stride(0), stride_kraw_slot=rings.rawk.stride(0),
-        INLINE=inline_prep, RAW_K=rings.has_raw_keys,
+        INLINE=inline_prep, RAW_K=rings.has_raw_keys, **layout,
         num_warps=num_warps, num_stages=num_stages, **({"launch_pdl": True} if pdl else {}),
     )

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from .common import (gdn_decode_flush, gdn_l2norm_rows, gdn_l2norm_vec, gdn_ring_append_gate_keys,
+from .common import (ckpt_load, gdn_decode_flush, gdn_l2norm_rows, gdn_l2norm_vec, gdn_ring_append_gate_keys,
                      gdn_token_gate)
 from .verify_split import (history_dot, history_gate_weights, history_mma, history_weights, probe_matrix,
                            ring_key_products, scratch_dec, scratch_window, split_hk_hq, window_algebra,
@@ -101,11 +101,12 @@ def _split_pid(HV: tl.constexpr, VS: tl.constexpr):
 
 @triton.jit
 def _tile_and_history(p_h, p_d, o_v, mask_v, o_k, mask_k, phys_j, m_j, K: tl.constexpr, V: tl.constexpr,
-                      EVICT: tl.constexpr, RT: tl.constexpr):
-    """One step of a looping program: the checkpoint tile of value rows `o_v` (`[BV, BK]`) and
-    their committed `d` entries (`[BV, RLB]` with RT, else `[RLB, BV]`; `history_dot`'s forms)."""
-    b_h = tl.load(p_h + o_v[:, None] * K + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :], other=0,
-                  eviction_policy="evict_first" if EVICT else "")
+                      EVICT: tl.constexpr, RT: tl.constexpr, SPLIT: tl.constexpr, HALF: tl.constexpr):
+    """One step of a looping program: the checkpoint tile of value rows `o_v` (`[BV, BK]`; in the
+    layout `SPLIT`, `HALF` as `ckpt_load`) and their committed `d` entries (`[BV, RLB]` with RT,
+    else `[RLB, BV]`; `history_dot`'s forms)."""
+    b_h = ckpt_load(p_h, o_v[:, None] * K + o_k[None, :], mask_v[:, None] & mask_k[None, :], K * V, SPLIT, HALF,
+                    EVICT)
     if RT:
         b_ur = tl.load(p_d + phys_j[None, :] * V + tl.max_contiguous(o_v, 1)[:, None],
                        mask=m_j[None, :] & mask_v[:, None], other=0).to(tl.float32)
@@ -120,7 +121,7 @@ def _state_tiles(v, o, state, ring_d, ring_rawv, slot, i_n, i_hv, wp, org, T, st
                  stride_state_slot, stride_d_slot, stride_rawv_slot, b_p, b_w, b_dec, b_eg, b_beta, b_M, b_C,
                  HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                  BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr, NP: tl.constexpr, EVICT: tl.constexpr,
-                 RT: tl.constexpr, NSTG: tl.constexpr, v_lo, v_hi):
+                 RT: tl.constexpr, NSTG: tl.constexpr, v_lo, v_hi, SPLIT: tl.constexpr, HALF: tl.constexpr):
     """The value rows of one (row, value head), `BV` at a time: `hk`, `hq` from the checkpoint
     tile and the committed `d` entries (`history_mma`), then the window's `u` and outputs, the
     raw `v` and `u` into the rings. The program walks tiles `v_lo .. v_hi - 1` (its share,
@@ -142,7 +143,8 @@ def _state_tiles(v, o, state, ring_d, ring_rawv, slot, i_n, i_hv, wp, org, T, st
     for i_v in tl.range(v_lo, v_hi, num_stages=NSTG):
         o_v = i_v * BV + o_b
         mask_v = o_v < V
-        b_h, b_ur = _tile_and_history(p_h, p_d, o_v, mask_v, o_k, mask_k, phys_j, m_j, K, V, EVICT, RT)
+        b_h, b_ur = _tile_and_history(p_h, p_d, o_v, mask_v, o_k, mask_k, phys_j, m_j, K, V, EVICT, RT, SPLIT,
+                                       HALF)
         b_hk, b_hq = split_hk_hq(history_mma(b_dec * tl.dot(b_h, b_p, input_precision="tf32x3"), b_ur, b_w, RT),
                                   BT, NP)
         m_vt = mask_v[:, None] & m_t[None, :]
@@ -164,7 +166,7 @@ def _gdn_verify_state_loop_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
     NS: tl.constexpr, NP: tl.constexpr, EVICT: tl.constexpr, RT: tl.constexpr = False, PDL: tl.constexpr = False,
-    NSTG: tl.constexpr = 2, VS: tl.constexpr = 1,
+    NSTG: tl.constexpr = 2, VS: tl.constexpr = 1, SPLIT: tl.constexpr = False, HALF: tl.constexpr = False,
 ):
     """Products 5: the state launch after the prep launch (its scratch). With `PDL` the program
     builds its probe matrix before the wait, and reads the scratch and the tiles after it.
@@ -185,7 +187,7 @@ def _gdn_verify_state_loop_kernel(
     _state_tiles(v, o, state, ring_d, ring_rawv, slot, i_n, i_hv, tl.load(wpos + slot), tl.load(origin + slot), T,
                  stride_v_tok, stride_v_row, stride_state_slot, stride_d_slot, stride_rawv_slot, b_p,
                  history_weights(p_sc, BT, RLB, NP), scratch_dec(p_sc, BT, RLB), b_eg, b_beta, b_M, b_C,
-                 HV, K, V, BK, BV, BT, RL, RLB, NP, EVICT, RT, NSTG, v_lo, v_hi)
+                 HV, K, V, BK, BV, BT, RL, RLB, NP, EVICT, RT, NSTG, v_lo, v_hi, SPLIT, HALF)
 
 
 @triton.jit
@@ -212,7 +214,8 @@ def _gdn_verify_fused_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
     NP: tl.constexpr, EVICT: tl.constexpr, RT: tl.constexpr = False, TREE: tl.constexpr = False,
-    RAW_K: tl.constexpr = True, NSTG: tl.constexpr = 2, VS: tl.constexpr = 1,
+    RAW_K: tl.constexpr = True, NSTG: tl.constexpr = 2, VS: tl.constexpr = 1, SPLIT: tl.constexpr = False,
+    HALF: tl.constexpr = False,
 ):
     """Products 6: the whole verify in one launch (module docstring). With `VS` programs per
     (row, value head) each makes the products and walks its share of the tiles; the first writes
@@ -261,7 +264,7 @@ def _gdn_verify_fused_kernel(
     _state_tiles(v, o, state, ring_d, ring_rawv, slot, i_n, i_hv, wp, org, T, stride_v_tok, stride_v_row,
                  stride_state_slot, stride_d_slot, stride_rawv_slot, b_p, b_w, tl.exp(b_gtot), tl.exp(b_gc),
                  tl.where(o_t < T, b_betaw, 0.0), b_M, b_C, HV, K, V, BK, BV, BT, RL, RLB, NP, EVICT, RT, NSTG,
-                 v_lo, v_hi)
+                 v_lo, v_hi, SPLIT, HALF)
 
 
 @triton.jit
@@ -275,7 +278,8 @@ def _gdn_decode_loop_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     BVF: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr, EVICT: tl.constexpr, UNROLL: tl.constexpr = 1,
     TREE: tl.constexpr = False, RT: tl.constexpr = False, ORDER: tl.constexpr = False, RAW_K: tl.constexpr = True,
-    NSTG: tl.constexpr = 2, VS: tl.constexpr = 1, VSF0: tl.constexpr = 0,
+    NSTG: tl.constexpr = 2, VS: tl.constexpr = 1, VSF0: tl.constexpr = 0, SPLIT: tl.constexpr = False,
+    HALF: tl.constexpr = False,
 ):
     """Decode plan 5 (module docstring). With `VS` programs per (row, value head) each walks its
     share of the tiles; the first writes the token's gates and keys. A flush row has `VSF0` programs
@@ -308,7 +312,7 @@ def _gdn_decode_loop_kernel(
             gdn_decode_flush(p_h, p_v, p_o, q + i_n * stride_q_row + i_h * K, k + i_n * stride_k_row + i_h * K,
                              ring_fk + slot * stride_fk_slot + i_h * RL * K, p_rv,
                              ring_g + slot * stride_g_slot + i_hv * RL, ring_beta + slot * stride_beta_slot + i_hv * RL,
-                             b_g, b_beta, wp, org, i_v, scale, K, V, BK, BV, BVF, RL, UNROLL, TREE)
+                             b_g, b_beta, wp, org, i_v, scale, K, V, BK, BV, BVF, RL, UNROLL, TREE, SPLIT)
         return
 
     o_k = tl.arange(0, BK)
@@ -336,7 +340,8 @@ def _gdn_decode_loop_kernel(
     for i_v in tl.range(v_lo, v_hi, num_stages=NSTG):
         o_v = i_v * BV + o_b
         mask_v = o_v < V
-        b_h, b_ur = _tile_and_history(p_h, p_d, o_v, mask_v, o_k, mask_k, phys_j, m_j, K, V, EVICT, RT)
+        b_h, b_ur = _tile_and_history(p_h, p_d, o_v, mask_v, o_k, mask_k, phys_j, m_j, K, V, EVICT, RT, SPLIT,
+                                       HALF)
         b_hk = b_dec * tl.sum(b_h * b_ks[None, :], 1) + history_dot(b_ur, b_wk, RT)
         b_hq = b_dec * tl.sum(b_h * b_qs[None, :], 1) + history_dot(b_ur, b_wq, RT)
         b_vraw = tl.load(p_v + o_v, mask=mask_v, other=0)

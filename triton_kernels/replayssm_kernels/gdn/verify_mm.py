@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import gdn_l2norm_rows, gdn_tile_ids
+from .common import ckpt_load, gdn_l2norm_rows, gdn_tile_ids
 from .verify_split import window_gates
 
 
@@ -41,7 +41,8 @@ def _gdn_verify_mm_kernel(
     stride_rawv_slot, stride_rawk_slot, stride_beta_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr,
-    S0_DOT: tl.constexpr = True, TREE: tl.constexpr = False, RAW_K: tl.constexpr = True,
+    S0_DOT: tl.constexpr = True, TREE: tl.constexpr = False, RAW_K: tl.constexpr = True, SPLIT: tl.constexpr = False,
+    HALF: tl.constexpr = False,
 ):
     i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
 
@@ -97,8 +98,8 @@ def _gdn_verify_mm_kernel(
     b_w = tl.where(m_j, tl.exp(b_gtot - tl.cumsum(b_gr, 0)), 0.0)
     b_dec = tl.exp(b_gtot)
 
-    b_h = tl.load(state + slot * stride_state_slot + i_hv * K * V + o_v[:, None] * K + o_k[None, :],
-                  mask=mask_v[:, None] & mask_k[None, :], other=0)  # [BV, BK]
+    b_h = ckpt_load(state + slot * stride_state_slot + i_hv * K * V, o_v[:, None] * K + o_k[None, :],
+                    mask_v[:, None] & mask_k[None, :], K * V, SPLIT, HALF)  # [BV, BK]
     b_kT = tl.trans(b_kw)
     b_qT = tl.trans(b_qw)
     if S0_DOT:

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .common import (gdn_decode_flush, gdn_gate, gdn_l2norm, gdn_l2norm_rows, gdn_l2norm_vec, gdn_ring_append_gate_keys,
+from .common import (ckpt_load, gdn_decode_flush, gdn_gate, gdn_l2norm, gdn_l2norm_rows, gdn_l2norm_vec, gdn_ring_append_gate_keys,
                      gdn_tile_ids, gdn_token_gate)
 
 
@@ -433,7 +433,8 @@ def _gdn_verify_state_kernel(
     BVF: tl.constexpr = 8, UNROLL: tl.constexpr = 1, TREE: tl.constexpr = False, KC: tl.constexpr = 0,
     RT: tl.constexpr = False, DOT: tl.constexpr = False, NP: tl.constexpr = 16, row_order=None,
     ORDER: tl.constexpr = False, PDL: tl.constexpr = False, ring_kn=None, ring_kraw=None, stride_kn_slot=0,
-    stride_kraw_slot=0, INLINE: tl.constexpr = False, RAW_K: tl.constexpr = True,
+    stride_kraw_slot=0, INLINE: tl.constexpr = False, RAW_K: tl.constexpr = True, SPLIT: tl.constexpr = False,
+    HALF: tl.constexpr = False,
 ):
     i_v, i_n, i_hv, i_h = gdn_tile_ids(H, HV, V, BV)
     if ORDER:
@@ -457,7 +458,7 @@ def _gdn_verify_state_kernel(
                     o + (i_n * HV + i_hv) * V, q + i_n * stride_q_row + i_h * K, k + i_n * stride_k_row + i_h * K,
                     ring_fk + slot * stride_fk_slot + i_h * RL * K, ring_rawv + slot * stride_rawv_slot + i_hv * RL * V,
                     ring_g + slot * stride_g_slot + i_hv * RL, ring_beta + slot * stride_beta_slot + i_hv * RL,
-                    b_g, b_beta, wp, org, i_v, scale, K, V, BK, BV, BVF, RL, UNROLL, TREE,
+                    b_g, b_beta, wp, org, i_v, scale, K, V, BK, BV, BVF, RL, UNROLL, TREE, SPLIT,
                 )
             return
     else:
@@ -475,11 +476,11 @@ def _gdn_verify_state_kernel(
 
     p_h = state + slot * stride_state_slot + i_hv * K * V
     if KC == 0:
-        b_h = tl.load(p_h + o_v[:, None] * K + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :], other=0,
-                      eviction_policy="evict_first" if EVICT else "")  # [BV, BK]
+        b_h = ckpt_load(p_h, o_v[:, None] * K + o_k[None, :], mask_v[:, None] & mask_k[None, :], K * V, SPLIT,
+                        HALF, EVICT)  # [BV, BK]
     else:
-        b_h = tl.load(p_h + o_v[:, None, None] * K + o_k[None, :, :], mask=mask_v[:, None, None] & mask_k[None, :, :],
-                      other=0, eviction_policy="evict_first" if EVICT else "")  # [BV, BK // KC, KC]
+        b_h = ckpt_load(p_h, o_v[:, None, None] * K + o_k[None, :, :], mask_v[:, None, None] & mask_k[None, :, :],
+                        K * V, SPLIT, HALF, EVICT)  # [BV, BK // KC, KC]
     phys_j = (org + o_j) % RL
     if RT:
         # [BV, RLB], read with scalar loads (contiguity hidden from the compiler): the lanes go

@@ -1,0 +1,189 @@
+"""The split checkpoint layout (gdn/ckpt.py): exact round trip, the same committed state as
+SGLang's kernel through every decode plan, verify plan and fold, and half reads only where the
+outputs end in a bf16 cast."""
+
+import pytest
+import torch
+
+from replayssm_kernels import decode_prepare
+from replayssm_kernels.configs import override, overrides
+from replayssm_kernels.gdn import gdn_replay_decode, gdn_replay_fold, split_ckpt_decode, split_ckpt_encode
+from replayssm_kernels.gdn.ckpt import split_ckpt_hi, split_ckpt_pack, split_ckpt_unpack
+from sglang_replayssm.testing import GDNHarness
+
+from test_gdn_kernels import _direct_setup, _inputs, _params, test_gdn_decode, test_gdn_verify_commit
+
+bf16, fp32 = torch.bfloat16, torch.float32
+SPLIT = ("gdn_ckpt_split", (1,))
+
+
+def _words(hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
+    """fp32 values with the given 16-bit halves (int64 inputs)."""
+    bits = (hi << 16) | lo
+    return (bits - ((bits & 0x80000000) << 1)).to(torch.int32).view(torch.float32)
+
+
+def test_split_layout_round_trip_is_exact_on_every_high_half():
+    """Every high half (NaN and infinity included) with low halves around the rounding point:
+    decode(encode(x)) has x's bits, and the `hi` plane alone is x rounded to bf16 (nearest,
+    ties away from zero)."""
+    hi = torch.arange(1 << 16, dtype=torch.int64)
+    for lo_val in (0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF, 0x1234, 0xBEEF):
+        lo = torch.full_like(hi, lo_val)
+        x = _words(hi, lo).reshape(256, 256)  # [V, K] = [256, 256]
+        y = split_ckpt_encode(x)
+        assert torch.equal(split_ckpt_decode(y).view(torch.int32), x.view(torch.int32))
+        finite = torch.isfinite(x) & (x.abs() < 3.0e38)
+        got = split_ckpt_hi(y)[finite]
+        mag = x.abs()[finite]
+        down = (mag.view(torch.int32) & ~0xFFFF).view(torch.float32)
+        up = ((mag.view(torch.int32) & ~0xFFFF) + 0x10000).view(torch.float32)
+        want = torch.where(torch.tensor(lo_val >= 0x8000), up, down) * torch.sign(x[finite])
+        want = torch.where(x[finite] == 0, x[finite], want)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), f"lo={lo_val:#x}"
+        if lo_val not in (0x8000,):  # off the tie, that is bf16's own round to nearest
+            assert torch.equal(got, x[finite].bfloat16().float())
+
+
+def test_split_pack_unpack_touch_only_the_given_slots():
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 5, 3, 8, 16, generator=gen)
+    s = x.clone()
+    slots = torch.tensor([4, 1], dtype=torch.int32)
+    split_ckpt_pack(s, slots)
+    assert torch.equal(s[:, [0, 2, 3]], x[:, [0, 2, 3]])
+    assert torch.equal(s[:, [4, 1]].view(torch.int32), split_ckpt_encode(x[:, [4, 1]]).view(torch.int32))
+    split_ckpt_unpack(s, slots)
+    assert torch.equal(s.view(torch.int32), x.view(torch.int32))
+    s4 = x[0].clone()
+    split_ckpt_pack(s4)
+    assert torch.equal(split_ckpt_decode(s4).view(torch.int32), x[0].view(torch.int32))
+
+
+@pytest.mark.parametrize("cfg,shape", [
+    pytest.param((0, 32, 1, 3, 32, 0, 0), (32, 40, 4), id="plan0-fused"),
+    pytest.param((1, 64, 4, 2, 16, 0, 1), (32, 40, 4), id="plan1-split"),
+    pytest.param((1, 128, 4, 2, 32, 1, 0), (32, 40, 4), id="plan1-dot"),
+    pytest.param((2, 16, 1, 3, 8, 0, 1), (48, 40, 4), id="plan2-prep"),
+    pytest.param((3, 16, 1, 3, 16, 0, 1), (48, 40, 4), id="plan3"),
+    pytest.param((4, 16, 1, 3, 16, 0, 1), (48, 40, 4), id="plan4"),
+    pytest.param((5, 16, 1, 2, 16, 0, 1, 2, 3), (48, 40, 4), id="plan5-split2-flushsplit3"),
+    pytest.param((5, 16, 1, 3, 8, 0, 1, 1, 8), (128, 128, 16), id="plan5-flushsplit8-K128"),
+])
+def test_gdn_decode_split_ckpt(cfg, shape, device, assert_within_baseline):
+    """Every decode plan on a split-layout pool: the state `torch.equal` to SGLang's kernel after
+    every step, flush outputs bit-exact, the others within the baseline's error."""
+    K, V, L = shape
+    with overrides([SPLIT, ("gdn_decode", cfg)]):
+        test_gdn_decode(2, 1, 2, K, V, L, bf16, 18 if L == 16 else 9, device, assert_within_baseline)
+
+
+def test_gdn_decode_split_ckpt_fp32_and_correlated_keys(device, assert_within_baseline):
+    with override(*SPLIT):
+        test_gdn_decode(3, 2, 4, 32, 16, 4, fp32, 10, device, assert_within_baseline)
+        test_gdn_decode(2, 1, 2, 64, 32, 8, bf16, 12, device, assert_within_baseline, key_corr=0.9)
+
+
+@pytest.mark.parametrize("products", [
+    pytest.param((32, 1, 2, 0), id="reductions"),
+    pytest.param((32, 1, 2, 1), id="dot-products"),
+    pytest.param((64, 4, 2, 2), id="matrix-form"),
+    pytest.param((32, 4, 2, 3), id="matrix-form-s0-reductions"),
+    pytest.param((32, 4, 2, 4), id="split"),
+    pytest.param((16, 1, 2, 5), id="split-vloop"),
+    pytest.param((16, 1, 2, 6), id="fused-vloop"),
+])
+def test_gdn_verify_split_ckpt(products, device, assert_within_baseline):
+    """Every verify kernel and the commit's fold on a split-layout pool."""
+    with overrides([SPLIT, ("gdn_verify", products)]):
+        test_gdn_verify_commit(2, 1, 3, 48, 40, 5, 3, bf16, 6, device, assert_within_baseline)
+
+
+def test_gdn_verify_split_ckpt_fp32_and_k128(device, assert_within_baseline):
+    with override(*SPLIT):
+        test_gdn_verify_commit(3, 2, 4, 32, 16, 16, 4, fp32, 10, device, assert_within_baseline)
+        test_gdn_verify_commit(2, 1, 2, 128, 128, 8, 4, bf16, 8, device, assert_within_baseline, key_corr=0.9)
+
+
+def _decode_run(split: bool, dtype, device, steps=6, tamper=None):
+    """Outputs and final state of a harness run with the given layout (same inputs either way)."""
+    gen = torch.Generator().manual_seed(77)
+    B, H, HV, K, V, L = 2, 1, 2, 32, 16, 8
+    A_log, dt_bias = _params(HV, device, gen)
+    S0 = (torch.randn(B, HV, V, K, generator=gen) * 0.3).to(device)
+    # No phase flushes: below L steps every output is then a non-flush row's.
+    with overrides([("gdn_ckpt_split", (int(split),)), ("gdn_flush_phase", (0,))]):
+        h = GDNHarness(batch=B, num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V, A_log=A_log,
+                       dt_bias=dt_bias, ring_len=L, max_draft_tokens=1, device=device)
+    h.set_state(S0)
+    if tamper is not None:
+        tamper(h)
+    outs = []
+    for _ in range(steps):
+        q, k, v, a, b = _inputs(B, 1, H, HV, K, V, dtype, device, gen)
+        outs.append(h.decode(q[:, 0], k[:, 0], v[:, 0], a[:, 0], b[:, 0]))
+    assert bool((h.pending() == steps).all()), "no row may flush in this run"
+    return torch.stack(outs), h.state()
+
+
+def test_split_half_reads_only_with_bf16_activations(device):
+    """bf16 activations: the outputs read the `hi` planes only, so they differ from the fp32
+    layout's somewhere (and stay within the baseline's error: the tests above); fp32 activations
+    read the exact values, so the outputs are the fp32 layout's bit for bit. The state is the
+    same in every case."""
+    o_f, s_f = _decode_run(False, bf16, device)
+    o_s, s_s = _decode_run(True, bf16, device)
+    assert not torch.equal(o_f, o_s), "bf16 outputs must come from the hi planes"
+    assert torch.equal(s_f, s_s)
+    o_f, s_f = _decode_run(False, fp32, device)
+    o_s, s_s = _decode_run(True, fp32, device)
+    assert torch.equal(o_f, o_s) and torch.equal(s_f, s_s)
+
+
+def test_split_lo_plane_feeds_the_state_not_the_bf16_outputs(device):
+    """Flip a bit of one `lo` word (2^-9 of the element): bf16 non-flush outputs do not see it (only `hi` is
+    read), the committed state does (the exact paths read both planes)."""
+    def flip(h):
+        pool = h.checkpoint_pool()
+        slot = int(h.slot_idx[0])
+        words = pool[slot].view(torch.int16).reshape(-1)
+        words[pool.shape[-1] * pool.shape[-2] + 3] ^= 0x4000  # head 0's lo plane (after its V*K hi words), element 3
+
+    o_0, s_0 = _decode_run(True, bf16, device)
+    o_1, s_1 = _decode_run(True, bf16, device, tamper=flip)
+    assert torch.equal(o_0, o_1)
+    assert not torch.equal(s_0, s_1)
+
+
+def test_gdn_fold_split_ckpt_snapshot_equals_fp32_fold(device):
+    """The fold with a radix track snapshot on a split-layout pool gives the fp32 fold's states."""
+    gen = torch.Generator().manual_seed(13)
+    A_log, dt_bias, state, rings = _direct_setup(device, gen, L=8, Lm=2, S=8)
+    slot = torch.tensor([1, 4], dtype=torch.int32, device=device)
+    n = torch.tensor([6, 3], dtype=torch.int32, device=device)
+    org = torch.tensor([5, 0], dtype=torch.int32, device=device)
+    snap_at = torch.tensor([2, -1], dtype=torch.int32, device=device)
+    snap_slot = torch.tensor([6, 7], dtype=torch.int32, device=device)
+    ref = state.clone()
+    gdn_replay_fold(ref, rings, slot, n, org, snap_at=snap_at, snap_slot=snap_slot)
+    packed = split_ckpt_encode(state)
+    gdn_replay_fold(packed, rings, slot, n, org, snap_at=snap_at, snap_slot=snap_slot, split_ckpt=True)
+    assert torch.equal(split_ckpt_decode(packed).view(torch.int32), ref.view(torch.int32))
+
+
+def test_gdn_decode_split_ckpt_padding_rows_write_nothing(device):
+    gen = torch.Generator().manual_seed(3)
+    B, H, HV, K, V, L, S = 3, 1, 2, 32, 16, 8, 6
+    A_log, dt_bias, state, rings = _direct_setup(device, gen, B=B, H=H, HV=HV, K=K, V=V, L=L, S=S)
+    packed = split_ckpt_encode(state[0])
+    before = packed.clone()
+    slot = torch.tensor([4, -1, 1], dtype=torch.int32, device=device)
+    wpos = torch.tensor([0, 2, 0, 0, 7, 0], dtype=torch.int32, device=device)
+    origin = torch.tensor([0, 3, 0, 0, 2, 0], dtype=torch.int32, device=device)
+    q, k, v, a, b = _inputs(B, 1, H, HV, K, V, bf16, device, gen)
+    row_wp, row_flush = decode_prepare(slot, wpos, L)
+    assert row_flush.tolist() == [1, 0, 0]  # slot 4's ring is full: it flushes
+    gdn_replay_decode(q[:, 0], k[:, 0], v[:, 0], a[:, 0], b[:, 0], A_log, dt_bias, packed, rings.layer(0),
+                      slot, row_wp, row_flush, origin, split_ckpt=True)
+    changed = [s for s in range(S) if not torch.equal(packed[s].view(torch.int32), before[s].view(torch.int32))]
+    assert changed == [4]
