@@ -159,10 +159,14 @@ def _rings_from_fields(family: str, values: dict):
     return Mamba2Rings(**values)
 
 
-def _gdn_ckpt_split_config() -> bool:
-    from replayssm_kernels.configs import gdn_ckpt_split
+def _gdn_ckpt_split_config(head_k_dim: int) -> bool:
+    from replayssm_kernels.configs import gdn_ckpt_split, gdn_ckpt_split_for
 
-    return gdn_ckpt_split()
+    split = gdn_ckpt_split_for(head_k_dim)  # raises when asked for explicitly where it cannot run
+    if gdn_ckpt_split() and not split:
+        logger.info("sglang-replayssm: GDN checkpoints stay fp32 on this server: the split layout needs the tree "
+                    "or shuffle form of the exact replay (head_k_dim 128), here head_k_dim=%d.", head_k_dim)
+    return split
 
 
 def _gdn_fold(state, rings, slot_idx, row_nfold, row_origin, dst=None, dst_idx=None, snap_at=None, snap_slot=None,
@@ -320,7 +324,7 @@ class ReplaySSMMambaPool(MambaPool):
         # otherwise, except inside SGLang's prefill/extend calls, which see the batch's slots in
         # fp32 (backends/gdn.py converts them around each layer's call).
         self.replayssm_ckpt_split_enabled = bool(ctx.family == "gdn" and self.replayssm_ring_len > 0
-                                                 and _gdn_ckpt_split_config())
+                                                 and _gdn_ckpt_split_config(self.replayssm_dims["K"]))
         self.replayssm_ckpt_split = False
         self.replayssm_fold_fn: Optional[FoldFn] = self._gdn_fold_now if ctx.family == "gdn" else None
         # Mamba-2: the `(A, dt_bias)` pair the fold reads (set_replayssm_mamba2_params).

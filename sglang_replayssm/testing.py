@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from replayssm_kernels import commit_prepare, decode_prepare, decode_row_order, pending_fold_plan
-from replayssm_kernels.configs import gdn_ckpt_split, gdn_flush_phase, gdn_flush_spread
+from replayssm_kernels.configs import gdn_ckpt_split_for, gdn_flush_phase, gdn_flush_spread
 from replayssm_kernels.gdn.ckpt import split_ckpt_decode, split_ckpt_encode
 from replayssm_kernels.gdn import (
     alloc_gdn_rings,
@@ -149,7 +149,7 @@ class GDNHarness(_RingHarness):
         self._flush_phase = gdn_flush_phase()
         self._flush_spread = gdn_flush_spread()
         # The checkpoint layout (gdn/ckpt.py), fixed for the harness's life as for a pool's.
-        self.split_ckpt = gdn_ckpt_split()
+        self.split_ckpt = gdn_ckpt_split_for(self.K)
 
     def _rings_for(self, dtype: torch.dtype):
         if self._check_dtype(dtype) or self._rings is None:

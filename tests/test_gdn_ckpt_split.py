@@ -1,6 +1,11 @@
 """The split checkpoint layout (gdn/ckpt.py): exact round trip, the same committed state as
 SGLang's kernel through every decode plan, verify plan and fold, and half reads only where the
-outputs end in a bf16 cast."""
+outputs end in a bf16 cast.
+
+Shapes follow the device: on the GPU the split layout runs with the tree (or shuffle) form of the
+exact replay only, which is K = 128's (`configs.gdn_ckpt_split_form_ok`; the plain form is
+refused there, `test_split_is_refused_where_the_replay_form_cannot_keep_it`); under the
+interpreter every form matches SGLang's kernel, and small heads keep the run short."""
 
 import pytest
 import torch
@@ -15,6 +20,11 @@ from test_gdn_kernels import _direct_setup, _inputs, _params, test_gdn_decode, t
 
 bf16, fp32 = torch.bfloat16, torch.float32
 SPLIT = ("gdn_ckpt_split", (1,))
+
+
+def _kv(device, small):
+    """(K, V): `small` under the interpreter, 128 x 128 on the GPU."""
+    return (128, 128) if str(device).startswith("cuda") else small
 
 
 def _words(hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
@@ -73,15 +83,18 @@ def test_split_pack_unpack_touch_only_the_given_slots():
 def test_gdn_decode_split_ckpt(cfg, shape, device, assert_within_baseline):
     """Every decode plan on a split-layout pool: the state `torch.equal` to SGLang's kernel after
     every step, flush outputs bit-exact, the others within the baseline's error."""
-    K, V, L = shape
+    K, V = _kv(device, shape[:2])
+    L = shape[2]
     with overrides([SPLIT, ("gdn_decode", cfg)]):
         test_gdn_decode(2, 1, 2, K, V, L, bf16, 18 if L == 16 else 9, device, assert_within_baseline)
 
 
 def test_gdn_decode_split_ckpt_fp32_and_correlated_keys(device, assert_within_baseline):
     with override(*SPLIT):
-        test_gdn_decode(3, 2, 4, 32, 16, 4, fp32, 10, device, assert_within_baseline)
-        test_gdn_decode(2, 1, 2, 64, 32, 8, bf16, 12, device, assert_within_baseline, key_corr=0.9)
+        K, V = _kv(device, (32, 16))
+        test_gdn_decode(3, 2, 4, K, V, 4, fp32, 10, device, assert_within_baseline)
+        K, V = _kv(device, (64, 32))
+        test_gdn_decode(2, 1, 2, K, V, 8, bf16, 12, device, assert_within_baseline, key_corr=0.9)
 
 
 @pytest.mark.parametrize("products", [
@@ -95,20 +108,23 @@ def test_gdn_decode_split_ckpt_fp32_and_correlated_keys(device, assert_within_ba
 ])
 def test_gdn_verify_split_ckpt(products, device, assert_within_baseline):
     """Every verify kernel and the commit's fold on a split-layout pool."""
+    K, V = _kv(device, (48, 40))
     with overrides([SPLIT, ("gdn_verify", products)]):
-        test_gdn_verify_commit(2, 1, 3, 48, 40, 5, 3, bf16, 6, device, assert_within_baseline)
+        test_gdn_verify_commit(2, 1, 3, K, V, 5, 3, bf16, 6, device, assert_within_baseline)
 
 
 def test_gdn_verify_split_ckpt_fp32_and_k128(device, assert_within_baseline):
     with override(*SPLIT):
-        test_gdn_verify_commit(3, 2, 4, 32, 16, 16, 4, fp32, 10, device, assert_within_baseline)
+        K, V = _kv(device, (32, 16))
+        test_gdn_verify_commit(3, 2, 4, K, V, 16, 4, fp32, 10, device, assert_within_baseline)
         test_gdn_verify_commit(2, 1, 2, 128, 128, 8, 4, bf16, 8, device, assert_within_baseline, key_corr=0.9)
 
 
 def _decode_run(split: bool, dtype, device, steps=6, tamper=None):
     """Outputs and final state of a harness run with the given layout (same inputs either way)."""
     gen = torch.Generator().manual_seed(77)
-    B, H, HV, K, V, L = 2, 1, 2, 32, 16, 8
+    B, H, HV, L = 2, 1, 2, 8
+    K, V = _kv(device, (32, 16))
     A_log, dt_bias = _params(HV, device, gen)
     S0 = (torch.randn(B, HV, V, K, generator=gen) * 0.3).to(device)
     # No phase flushes: below L steps every output is then a non-flush row's.
@@ -158,7 +174,8 @@ def test_split_lo_plane_feeds_the_state_not_the_bf16_outputs(device):
 def test_gdn_fold_split_ckpt_snapshot_equals_fp32_fold(device):
     """The fold with a radix track snapshot on a split-layout pool gives the fp32 fold's states."""
     gen = torch.Generator().manual_seed(13)
-    A_log, dt_bias, state, rings = _direct_setup(device, gen, L=8, Lm=2, S=8)
+    K, V = _kv(device, (32, 16))
+    A_log, dt_bias, state, rings = _direct_setup(device, gen, K=K, V=V, L=8, Lm=2, S=8)
     slot = torch.tensor([1, 4], dtype=torch.int32, device=device)
     n = torch.tensor([6, 3], dtype=torch.int32, device=device)
     org = torch.tensor([5, 0], dtype=torch.int32, device=device)
@@ -173,7 +190,8 @@ def test_gdn_fold_split_ckpt_snapshot_equals_fp32_fold(device):
 
 def test_gdn_decode_split_ckpt_padding_rows_write_nothing(device):
     gen = torch.Generator().manual_seed(3)
-    B, H, HV, K, V, L, S = 3, 1, 2, 32, 16, 8, 6
+    B, H, HV, L, S = 3, 1, 2, 8, 6
+    K, V = _kv(device, (32, 16))
     A_log, dt_bias, state, rings = _direct_setup(device, gen, B=B, H=H, HV=HV, K=K, V=V, L=L, S=S)
     packed = split_ckpt_encode(state[0])
     before = packed.clone()
@@ -187,3 +205,25 @@ def test_gdn_decode_split_ckpt_padding_rows_write_nothing(device):
                       slot, row_wp, row_flush, origin, split_ckpt=True)
     changed = [s for s in range(S) if not torch.equal(packed[s].view(torch.int32), before[s].view(torch.int32))]
     assert changed == [4]
+
+
+def test_split_is_refused_where_the_replay_form_cannot_keep_it(device, monkeypatch):
+    """On the GPU the plain replay form (any K but 128, or gdn_k_tree=0) cannot run split
+    checkpoints bit-exactly: the kernels refuse them, a harness asked for them explicitly raises,
+    and by default it keeps fp32 checkpoints. Under the interpreter every form takes them."""
+    from replayssm_kernels import configs
+    from replayssm_kernels.gdn import gdn_replay_fold as fold
+
+    monkeypatch.setattr(configs, "interpreted", lambda: False)
+    gen = torch.Generator().manual_seed(8)
+    A_log, dt_bias, state, rings = _direct_setup(device, gen)  # K = 32: the plain form
+    one = torch.zeros(1, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="tree or shuffle form"):
+        fold(state, rings, one, one, one, split_ckpt=True)
+    with override(*SPLIT), pytest.raises(ValueError, match="gdn_ckpt_split=0"):
+        configs.gdn_ckpt_split_for(32)
+    assert not configs.gdn_ckpt_split_for(32), "by default a plain-form pool keeps fp32 checkpoints"
+    with override("gdn_k_tree", (1,)):
+        assert configs.gdn_ckpt_split_for(128)
+    with override("gdn_k_tree", (0,)):
+        assert not configs.gdn_ckpt_split_for(128)

@@ -544,13 +544,41 @@ _GDN_FLUSH_PHASE = 1
 
 # The GDN checkpoint layout (gdn/ckpt.py): 1 = split planes (output-only reads with bf16
 # activations take half the bytes; the exact paths unchanged), 0 = fp32 (SGLang's layout). Read
-# where a pool or harness is made (the layout is the pool's, fixed for its life).
-_GDN_CKPT_SPLIT = 0
+# where a pool or harness is made (the layout is the pool's, fixed for its life). On the GPU the
+# split layout needs the tree or shuffle form of the exact replay (K = 128, `gdn_k_tree`): the
+# plain form's sums follow the tile layout the compiler derives from the loads, and the split
+# load (two 16-bit planes) gives another one (measured on an H100, 2026-12-05: the state then
+# differs from SGLang's at K = 32 and 48, while K = 128 in the tree form is bit-exact).
+_GDN_CKPT_SPLIT = 1
 
 
 def gdn_ckpt_split() -> bool:
     """Whether new GDN pools keep their checkpoints in the split layout (REPLAYSSM_CONFIG gdn_ckpt_split=0|1)."""
     return bool(_OVERRIDES.get("gdn_ckpt_split", (_GDN_CKPT_SPLIT,))[0])
+
+
+def gdn_ckpt_split_form_ok(K: int) -> bool:
+    """Whether the exact replay in effect at this K can run on split checkpoints (the tree or
+    shuffle form; any form under the interpreter, whose sums are numpy's)."""
+    return gdn_k_tree(K) != 0 or interpreted()
+
+
+def gdn_ckpt_split_for(K: int) -> bool:
+    """The layout a new GDN pool or harness with key head size `K` takes: split when
+    `gdn_ckpt_split` is on and the replay form allows it. Asked for explicitly
+    (REPLAYSSM_CONFIG gdn_ckpt_split=1) where the form does not allow it, this raises; by default
+    such a pool keeps fp32 checkpoints."""
+    if not gdn_ckpt_split():
+        return False
+    if gdn_ckpt_split_form_ok(K):
+        return True
+    if "gdn_ckpt_split" in _OVERRIDES:
+        raise ValueError(
+            f"REPLAYSSM_CONFIG gdn_ckpt_split=1: the split checkpoint layout needs the tree or shuffle form of "
+            f"the exact replay (head_k_dim 128, gdn_k_tree=1 or 2), here head_k_dim={K} with form "
+            f"{GDN_K_FORMS[gdn_k_tree(K)]}; set gdn_ckpt_split=0 or unset it"
+        )
+    return False
 
 
 def gdn_flush_phase() -> bool:

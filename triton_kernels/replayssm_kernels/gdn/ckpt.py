@@ -34,6 +34,19 @@ from .common import ckpt_join
 _M16 = 0xFFFF
 
 
+def check_split_form(split_ckpt: bool, K: int) -> None:
+    """Refuse split checkpoints where the exact replay in effect cannot keep them bit-exact
+    (`configs.gdn_ckpt_split_form_ok`)."""
+    from ..configs import GDN_K_FORMS, gdn_ckpt_split_form_ok, gdn_k_tree
+
+    if split_ckpt and not gdn_ckpt_split_form_ok(K):
+        raise ValueError(
+            f"split checkpoints need the tree or shuffle form of the exact replay on the GPU (head_k_dim 128, "
+            f"REPLAYSSM_CONFIG gdn_k_tree=1 or 2); head_k_dim={K} runs the {GDN_K_FORMS[gdn_k_tree(K)]} form: "
+            "use fp32 checkpoints (split_ckpt=False, REPLAYSSM_CONFIG gdn_ckpt_split=0)"
+        )
+
+
 def ckpt_half_reads(act_dtype: torch.dtype) -> bool:
     """Whether output-only reads of a split checkpoint take only its `hi` plane: with bf16
     activations (outputs end in a bf16 cast, which `hi` matches in precision); fp16 and fp32

@@ -28,7 +28,7 @@ import triton.language as tl
 from ..configs import GDN_K_FORMS, gdn_decode_config, gdn_history_rt, gdn_k_tree, gdn_replay_unroll
 from .common import (ckpt_load, gdn_decode_flush, gdn_l2norm, gdn_l2norm_vec, gdn_ring_append_gate_keys, gdn_tile_ids,
                      gdn_token_gate)
-from .ckpt import ckpt_half_reads
+from .ckpt import check_split_form, ckpt_half_reads
 from .rings import GDNRings, check_gdn_rings
 from .verify import _verify_split
 from .verify_loop import _gdn_decode_loop_kernel, loop_programs
@@ -252,6 +252,7 @@ def gdn_replay_decode(
     RL = rings.ring_len
     cfg = gdn_decode_config(K, V, rows=B)
     split = bool(split_ckpt)
+    check_split_form(split, K)
     half = split and ckpt_half_reads(q.dtype)
     bv_exact = min(triton.next_power_of_2(V), _BV_EXACT)
     bvf = min(cfg.flush_cols, bv_exact)

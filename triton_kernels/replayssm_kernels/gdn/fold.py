@@ -26,6 +26,7 @@ import triton.language as tl
 
 from ..configs import gdn_commit_fused_below, gdn_fold_block_v, gdn_fold_cols, gdn_k_tree, gdn_replay_unroll
 from ..cursors import commit_in_fold, commit_prepare, load_fold_plan
+from .ckpt import check_split_form
 from .common import ckpt_load, ckpt_store, gdn_k_offsets, gdn_replay, gdn_state_offsets, gdn_tile_ids
 from .rings import GDNRings, check_gdn_rings
 
@@ -150,6 +151,7 @@ def gdn_replay_fold(
     if commit is not None and (cursors is None or has_dst or has_snap):
         raise ValueError("commit needs cursors and cannot be combined with dst or snap_at")
     tree = gdn_k_tree(K)
+    check_split_form(split_ckpt, K)
     ring_key = rings.replay_keys(tree)  # refuses the plain form on rings without raw keys
     B = slot_idx.shape[0]
     if B == 0 or Lm == 0:

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from ..configs import (GDN_K_FORMS, gdn_history_rt, gdn_k_tree, gdn_pdl, gdn_prep_plan, gdn_replay_unroll,
                        gdn_state_dot, gdn_state_kc, gdn_verify_config, gdn_verify_loop_split, gdn_verify_maxnreg)
-from .ckpt import ckpt_half_reads
+from .ckpt import check_split_form, ckpt_half_reads
 from .common import ckpt_load, gdn_gate, gdn_l2norm, gdn_l2norm_vec, gdn_tile_ids
 from .verify_mm import _gdn_verify_mm_kernel
 from .verify_loop import _gdn_verify_fused_kernel, _gdn_verify_state_loop_kernel, loop_programs
@@ -258,6 +258,7 @@ def gdn_replay_verify(
         out = torch.empty((B, T, HV, V), dtype=q.dtype, device=q.device)
     elif out.shape != (B, T, HV, V) or not out.is_contiguous():
         raise ValueError("out must be a contiguous [B, T, HV, V] tensor")
+    check_split_form(split_ckpt, K)
     if B == 0 or T == 0:
         return out
     BK = triton.next_power_of_2(K)
