@@ -396,6 +396,10 @@ class ReplaySSMMambaPool(MambaPool):
             str(self.replayssm_act_dtype).replace("torch.", ""), ckpt / _MIB, ring / _MIB,
             CURSOR_BYTES_PER_SLOT, num_slots, ckpt * num_slots / _GIB, ring * num_slots / _GIB, spec,
         )
+        if self.replayssm_ckpt_split_enabled:
+            logger.info("ReplaySSM pool: GDN checkpoints in the split layout while the ring kernels run (fp32 as "
+                        "hi/lo 16-bit planes, same bytes; bf16 output reads take the hi plane, the exact fold "
+                        "both; REPLAYSSM_CONFIG gdn_ckpt_split=0 keeps fp32)")
         if self.replayssm_family == "gdn" and not self.replayssm_rings.has_raw_keys:
             from replayssm_kernels.configs import gdn_k_tree
 

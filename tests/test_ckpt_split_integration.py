@@ -46,12 +46,18 @@ def test_pool_layout_follows_the_decode_kernel_in_use():
     st.flush_phase = False
     st.ring_min_batch = 2
     decode = SimpleNamespace(forward_mode=ForwardMode.DECODE, mamba_track_mask=None)
+    # CUDA-graph capture comes first and converts nothing, but the captured ring kernels must read
+    # the split layout every later ring batch converts the pool to.
+    st.init_graph_buffers(4)
+    st.prepare(decode, torch.tensor([2, 0], dtype=torch.int32), graph=True, in_capture=True)
+    assert st.split_ckpt and not pool.replayssm_ckpt_split
+    assert torch.equal(_bits(pool.mamba_cache.temporal), _bits(values))
     st.prepare(decode, torch.tensor([2, 0], dtype=torch.int32), graph=False, in_capture=False)
     assert not st.decode_stock and st.split_ckpt and pool.replayssm_ckpt_split
     assert torch.equal(_bits(pool.mamba_cache.temporal), _bits(split_ckpt_encode(values)))
     pool.replayssm_wpos.zero_()  # no ring kernel ran: nothing is really pending
     st.prepare(decode, torch.tensor([2], dtype=torch.int32), graph=False, in_capture=False)
-    assert st.decode_stock and not pool.replayssm_ckpt_split
+    assert st.decode_stock and not pool.replayssm_ckpt_split and st.split_ckpt
     assert torch.equal(_bits(pool.mamba_cache.temporal), _bits(values))
     # a verify batch runs the ring kernels: split again
     st.prepare(SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY), torch.tensor([1], dtype=torch.int32),

@@ -263,8 +263,10 @@ class ReplaySSMBatchState:
 
     @property
     def split_ckpt(self) -> bool:
-        """The checkpoint layout the ring kernels of this batch read (the pool's now)."""
-        return self.pool.replayssm_ckpt_split
+        """The checkpoint layout the ring kernels read: the pool's ring layout, a constant of the
+        pool. Not the layout of the moment: CUDA graphs are captured before any ring batch has
+        converted the pool, and every ring batch converts it (`_ring_layout`) before it runs."""
+        return self.pool.replayssm_ckpt_split_enabled
 
     def _log_rows(self, slots: torch.Tensor, row_wp: torch.Tensor, row_flush: torch.Tensor) -> None:
         valid = slots[: row_wp.shape[0]] >= 0

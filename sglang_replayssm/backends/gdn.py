@@ -89,7 +89,7 @@ class ReplaySSMGDNAttnBackend(ReplaySSMMetadataMixin, GDNAttnBackend):
         if self._draft_on_pool:
             refuse_draft_linear_forward("GDN")
         if self._rssm is None or not forward_batch.forward_mode.is_target_verify():
-            if self._rssm is None or not self._rssm.split_ckpt:
+            if self._rssm is None or not self._rssm.pool.replayssm_ckpt_split:  # the layout of the moment
                 return super().forward_extend(layer, forward_batch, mixed_qkv, a, b, **kwargs)
             return self._extend_on_fp32(layer, forward_batch, mixed_qkv, a, b, **kwargs)
         if self.forward_metadata.retrieve_parent_token is not None:
