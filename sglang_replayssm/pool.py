@@ -335,6 +335,30 @@ class ReplaySSMMambaPool(MambaPool):
             usage += _nbytes(self._intermediate_conv_window_phys) - _nbytes(windows)
         self.mem_usage = usage / _GIB
         self._log_sizes(num_slots, num_layers)
+        self._warm_ckpt_kernels()
+
+    def _warm_ckpt_kernels(self) -> None:
+        """Compile, at creation, the kernels a split pool first needs in the middle of serving:
+        the layout conversions (the whole pool; one layer's slots around an extend) and the exact
+        fold of `materialize` in both layouts. Measured on an H100 (2026-12-05, docs/serving.md
+        session 35): without this the first ring decode and the first extends after it stalled the
+        server ~2.5 s (first-use compiles). Every call is an identity: conversions there and back,
+        a fold of nothing."""
+        temporal = self.mamba_cache.temporal
+        if not self.replayssm_ckpt_split_enabled or not temporal.is_cuda or len(self.mamba_layer_ids) == 0:
+            return
+        from replayssm_kernels.gdn.ckpt import split_ckpt_convert
+
+        slot0 = torch.zeros(1, dtype=torch.int32, device=temporal.device)
+        every = torch.arange(temporal.shape[1], dtype=torch.int32, device=temporal.device)
+        for split in (True, False):
+            split_ckpt_convert(temporal, None, split)
+            split_ckpt_convert(temporal[0], slot0, split)
+            # A new pool's rings are empty (cursors 0): these folds replay nothing. One row and
+            # every slot: the fold's tile depends on the row count (configs.gdn_fold_block_v).
+            for rows in (slot0, every):
+                _gdn_fold(temporal, self.replayssm_rings, rows, None, None,
+                          cursors=(self.replayssm_wpos, self.replayssm_origin), split_ckpt=split)
 
     # -- allocation helpers ----------------------------------------------------------------------
     def _alloc_region(self):

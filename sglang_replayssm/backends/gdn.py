@@ -75,7 +75,7 @@ class ReplaySSMGDNAttnBackend(ReplaySSMMetadataMixin, GDNAttnBackend):
         `prepare`), and back to split after it, with the radix track slots the call wrote."""
         ssm_states = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id).temporal
         md = self.forward_metadata
-        slots = md.mamba_cache_indices
+        slots = md.mamba_cache_indices.to(torch.int32)
         split_ckpt_convert(ssm_states, slots, False)
         out = super().forward_extend(layer, forward_batch, mixed_qkv, a, b, **kwargs)
         written = [slots]

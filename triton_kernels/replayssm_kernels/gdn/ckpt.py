@@ -120,7 +120,7 @@ def _convert(state: torch.Tensor, slots: Optional[torch.Tensor], fn) -> None:
         state[:, idx] = fn(state[:, idx])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_slots", "stride_layer", "stride_slot"])
 def _ckpt_convert_kernel(state, slots, n_slots, stride_layer, stride_slot, HV: tl.constexpr, NVK: tl.constexpr,
                          BLOCK: tl.constexpr, TO_SPLIT: tl.constexpr, ALL: tl.constexpr):
     """One head block of one (layer, slot) per program, converted in place: the whole block is
@@ -166,9 +166,9 @@ def split_ckpt_convert(state: torch.Tensor, slots: Optional[torch.Tensor], to_sp
     n = S if slots is None else slots.numel()
     if n == 0 or Lm == 0:
         return
-    idx = state if slots is None else slots.reshape(-1)
-    if slots is not None and not idx.is_contiguous():
-        idx = idx.contiguous()
+    # One compiled variant per direction and form (a server compiles them at pool creation,
+    # `ReplaySSMMambaPool._warm_ckpt_kernels`): int32 slots, no specialisation on counts or strides.
+    idx = state if slots is None else slots.reshape(-1).to(torch.int32).contiguous()
     block = triton.next_power_of_2(V * K)
     _ckpt_convert_kernel[(n * HV, Lm)](
         state, idx, n, state.stride(0), state.stride(1), HV=HV, NVK=V * K, BLOCK=block, TO_SPLIT=bool(to_split),
