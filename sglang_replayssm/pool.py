@@ -345,7 +345,7 @@ class ReplaySSMMambaPool(MambaPool):
         server ~2.5 s (first-use compiles). Every call is an identity: conversions there and back,
         a fold of nothing."""
         temporal = self.mamba_cache.temporal
-        if not self.replayssm_ckpt_split_enabled or not temporal.is_cuda or len(self.mamba_layer_ids) == 0:
+        if not self.replayssm_ckpt_split_enabled or not _compiles_kernels(temporal) or len(self.mamba_layer_ids) == 0:
             return
         from replayssm_kernels.gdn.ckpt import split_ckpt_convert
 
@@ -588,6 +588,12 @@ class ReplaySSMMambaPool(MambaPool):
         if mamba_cache_cpu.ckpt_split != self.replayssm_ckpt_split:
             # Saved in the other checkpoint layout (the pool switched since): convert these slots.
             self.replayssm_set_ckpt_layout(self.replayssm_ckpt_split, idx.to(torch.int32))
+
+
+def _compiles_kernels(t: torch.Tensor) -> bool:
+    """Whether kernels on `t` are compiled (a GPU), so that warming them up pays (the seam
+    tests/test_ckpt_split_integration.py patches to run the warm-up under the interpreter)."""
+    return t.is_cuda
 
 
 def _triton_interpret() -> bool:

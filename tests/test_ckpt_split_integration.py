@@ -142,3 +142,18 @@ def test_gdn_extend_sees_fp32_and_leaves_split(monkeypatch):
     others = [s for s in range(ssm.shape[1]) if s not in (0, 2, 3)]
     assert torch.equal(_bits(split_ckpt_decode(ssm[layer_id, others])), _bits(values[layer_id, others]))
     assert torch.equal(_bits(split_ckpt_decode(ssm[0])), _bits(values[0])), "other layers untouched"
+
+
+def test_pool_warm_up_changes_nothing(monkeypatch):
+    """The kernel warm-up a split pool runs at creation on a GPU (conversions there and back, folds
+    of nothing) leaves every checkpoint bit, cursor and the layout flag as they were."""
+    from sglang_replayssm import pool as pool_mod
+
+    pool = _split_pool(seed=6)
+    before = pool.mamba_cache.temporal.clone()
+    pool.replayssm_origin[3] = 2
+    monkeypatch.setattr(pool_mod, "_compiles_kernels", lambda t: True)
+    pool._warm_ckpt_kernels()
+    assert torch.equal(_bits(pool.mamba_cache.temporal), _bits(before))
+    assert pool.replayssm_wpos.tolist() == [0] * 5 and pool.replayssm_origin.tolist() == [0, 0, 0, 2, 0]
+    assert not pool.replayssm_ckpt_split

@@ -16,7 +16,8 @@ from replayssm_kernels.gdn import gdn_replay_decode, gdn_replay_fold, split_ckpt
 from replayssm_kernels.gdn.ckpt import split_ckpt_hi, split_ckpt_pack, split_ckpt_unpack
 from sglang_replayssm.testing import GDNHarness
 
-from test_gdn_kernels import _direct_setup, _inputs, _params, test_gdn_decode, test_gdn_verify_commit
+from test_gdn_kernels import (VERIFY_KERNEL_PLANS, _direct_setup, _inputs, _params, test_gdn_decode,
+                              test_gdn_verify_commit)
 
 bf16, fp32 = torch.bfloat16, torch.float32
 SPLIT = ("gdn_ckpt_split", (1,))
@@ -97,15 +98,7 @@ def test_gdn_decode_split_ckpt_fp32_and_correlated_keys(device, assert_within_ba
         test_gdn_decode(2, 1, 2, K, V, 8, bf16, 12, device, assert_within_baseline, key_corr=0.9)
 
 
-@pytest.mark.parametrize("products", [
-    pytest.param((32, 1, 2, 0), id="reductions"),
-    pytest.param((32, 1, 2, 1), id="dot-products"),
-    pytest.param((64, 4, 2, 2), id="matrix-form"),
-    pytest.param((32, 4, 2, 3), id="matrix-form-s0-reductions"),
-    pytest.param((32, 4, 2, 4), id="split"),
-    pytest.param((16, 1, 2, 5), id="split-vloop"),
-    pytest.param((16, 1, 2, 6), id="fused-vloop"),
-])
+@pytest.mark.parametrize("products", VERIFY_KERNEL_PLANS)
 def test_gdn_verify_split_ckpt(products, device, assert_within_baseline):
     """Every verify kernel and the commit's fold on a split-layout pool."""
     K, V = _kv(device, (48, 40))

@@ -202,7 +202,8 @@ def test_gdn_verify_commit(B, H, HV, K, V, L, T_max, dtype, steps, device, asser
     assert folds > 0, "the run must fold at least once"
 
 
-@pytest.mark.parametrize("cfg", [
+# One plan per verify kernel variant (configs.gdn_verify_config's products 0-6).
+VERIFY_KERNEL_PLANS = [
     pytest.param((32, 1, 2, 0), id="reductions"),
     pytest.param((32, 1, 2, 1), id="dot-products"),
     pytest.param((64, 4, 2, 2), id="matrix-form"),
@@ -210,6 +211,10 @@ def test_gdn_verify_commit(B, H, HV, K, V, L, T_max, dtype, steps, device, asser
     pytest.param((32, 4, 2, 4), id="split"),
     pytest.param((16, 1, 2, 5), id="split-vloop"),
     pytest.param((16, 1, 2, 6), id="fused-vloop"),
+]
+
+
+@pytest.mark.parametrize("cfg", VERIFY_KERNEL_PLANS + [
     # Loop splits at V = 40 (3 tiles, the last partial): 3 programs of one tile; shares of 2 and 1.
     pytest.param((16, 1, 2, 5, 3), id="split-vloop-split3"),
     pytest.param((16, 1, 2, 6, 2), id="fused-vloop-split2"),
