@@ -114,13 +114,14 @@ def gdn_decode_bytes_baseline(B, H, HV, K, V, act=2):
     return B * (2 * gdn_state_bytes(HV, V, K) + act * (2 * H * K + 2 * HV * V + 2 * HV))
 
 
-def gdn_decode_bytes_ours(B, H, HV, K, V, L, act=2, raw_keys=None):
+def gdn_decode_bytes_ours(B, H, HV, K, V, L, act=2, raw_keys=None, half_reads=False):
     """Per step, amortised over a cycle of L steps: the state is read every step and written once
     per cycle; each non-flush step reads on average (L-2)/2 pending entries of d (act) and k (fp32)
     and appends one entry to the rings; the flush step reads L-1 entries of raw v, the replay's
     keys, g and beta. The raw-key ring exists only in the plain replay form (`raw_keys`, default:
     what the rings allocated now keep, gdn/rings.py); the tree and shuffle forms (the GPU default
-    at K = 128) replay from the fp32 `k` ring instead."""
+    at K = 128) replay from the fp32 `k` ring instead. `half_reads`: split checkpoints with bf16
+    activations (gdn/ckpt.py): a non-flush step reads only the `hi` plane, half the state."""
     if raw_keys is None:
         from replayssm_kernels.gdn import gdn_keeps_raw_keys
 
@@ -131,7 +132,7 @@ def gdn_decode_bytes_ours(B, H, HV, K, V, L, act=2, raw_keys=None):
     entry_out = HV * V * act + H * K * 4 + HV * 4                                 # d, k, g
     entry_raw = HV * V * act + (H * K * act if raw_keys else 0) + HV * 4          # rawv, rawk, beta
     entry_replay = HV * V * act + H * K * (act if raw_keys else 4) + 2 * HV * 4   # rawv, keys, g, beta
-    nonflush = st + io + avg_pending * entry_out + entry_out + entry_raw
+    nonflush = (st // 2 if half_reads else st) + io + avg_pending * entry_out + entry_out + entry_raw
     flush = 2 * st + io + (L - 1) * entry_replay
     return B * ((L - 1) * nonflush + flush) / L
 
@@ -339,6 +340,7 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
             del rings
             row["decode_bytes_packed"] = gdn_decode_bytes_baseline(B, H, HV, K, V)
             row["decode_bytes_ours"] = gdn_decode_bytes_ours(B, H, HV, K, V, L)
+            row["decode_bytes_ours_split"] = gdn_decode_bytes_ours(B, H, HV, K, V, L, half_reads=True)
             if DECODE_ONLY:
                 del state
                 torch.cuda.empty_cache()
@@ -742,7 +744,7 @@ def print_split_table(results):
     if not rows:
         return
     print("\nsplit checkpoint layout (same run): decode staggered and spec, us and x vs SGLang")
-    print(" | ".join(("shape", "B", "packed us", "ours fp32 stag", "x", "ours split stag", "x",
+    print(" | ".join(("shape", "B", "packed us", "ours fp32 stag", "x", "ours split stag", "x", "split GB/s",
                       "spec base us", "spec fp32 us", "x", "spec split us", "x")))
     for r in rows:
         base = r["decode_packed_us"]
@@ -750,8 +752,10 @@ def print_split_table(results):
         spec = [r.get(k) for k in ("spec_stock_us", "spec_ours_us", "spec_ours_split_us")]
         spec_cols = ((f"{spec[0]:.1f}", f"{spec[1]:.1f}", f"{spec[0] / spec[1]:.2f}", f"{spec[2]:.1f}",
                       f"{spec[0] / spec[2]:.2f}") if None not in spec else ("-",) * 5)
+        gbs = r["decode_bytes_ours_split"] / (spl * 1e-6) / 1e9
         print(" | ".join(str(x) for x in (f"H{r['H']} HV{r['HV']}", r["B"], f"{base:.1f}", f"{f32:.1f}",
-                                          f"{base / f32:.2f}", f"{spl:.1f}", f"{base / spl:.2f}", *spec_cols)))
+                                          f"{base / f32:.2f}", f"{spl:.1f}", f"{base / spl:.2f}", f"{gbs:.0f}",
+                                          *spec_cols)))
 
 
 def _plan_list(parser, name: str, text: str) -> tuple:

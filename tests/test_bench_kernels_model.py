@@ -22,3 +22,13 @@ def test_gdn_decode_bytes_follow_the_raw_key_ring():
         with override("gdn_k_tree", (2,)):
             assert bk.gdn_decode_bytes_ours(B, H, HV, K, V, L, act) == lean
     assert kept - lean == B * 15 * 16 * 128 * 4 / 16  # fp32: 122880 bytes a cycle per row
+
+
+def test_gdn_decode_bytes_with_half_reads_drop_half_the_output_only_state_reads():
+    """Split checkpoints (gdn/ckpt.py): the L - 1 output-only steps of a cycle read half the state
+    (the hi plane); the flush step reads and writes all of it."""
+    B, H, HV, K, V, L = 256, 16, 32, 128, 128, 16
+    full = bk.gdn_decode_bytes_ours(B, H, HV, K, V, L, raw_keys=False)
+    half = bk.gdn_decode_bytes_ours(B, H, HV, K, V, L, raw_keys=False, half_reads=True)
+    st = B * bk.gdn_state_bytes(HV, V, K)
+    assert full - half == (L - 1) * (st // 2) / L
