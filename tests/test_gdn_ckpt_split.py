@@ -90,6 +90,14 @@ def test_gdn_decode_split_ckpt(cfg, shape, device, assert_within_baseline):
         test_gdn_decode(2, 1, 2, K, V, L, bf16, 18 if L == 16 else 9, device, assert_within_baseline)
 
 
+def test_gdn_decode_split_ckpt_large_state(device, assert_within_baseline):
+    """A state ten times the other tests' (std 3): the outputs' half reads of it stay within 2x the
+    baseline's own error (whose bf16 output cast grows with it)."""
+    K, V = _kv(device, (64, 32))
+    with override(*SPLIT):
+        test_gdn_decode(2, 1, 2, K, V, 8, bf16, 12, device, assert_within_baseline, key_corr=0.5, state_scale=3.0)
+
+
 def test_gdn_decode_split_ckpt_fp32_and_correlated_keys(device, assert_within_baseline):
     with override(*SPLIT):
         K, V = _kv(device, (32, 16))

@@ -61,16 +61,17 @@ DECODE_CASES = [
 
 
 @pytest.mark.parametrize("B,H,HV,K,V,L,dtype,steps", DECODE_CASES)
-def test_gdn_decode(B, H, HV, K, V, L, dtype, steps, device, assert_within_baseline, key_corr=0.0):
+def test_gdn_decode(B, H, HV, K, V, L, dtype, steps, device, assert_within_baseline, key_corr=0.0, state_scale=0.3):
     """`key_corr` > 0 pulls every step's keys and queries towards one direction per row and key head
     (x = c d + (1 - c) x), so that the ring history's key products weigh in the outputs (with
-    independent random keys they are small, and an error in them can stay within the tolerance)."""
+    independent random keys they are small, and an error in them can stay within the tolerance).
+    `state_scale`: the initial state's standard deviation."""
     gen = torch.Generator().manual_seed(1000 + 7 * L + K)
     A_log, dt_bias = _params(HV, device, gen)
     d = torch.randn(B, 1, H, K, generator=gen).to(device)
     h = GDNHarness(batch=B, num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V,
                    A_log=A_log, dt_bias=dt_bias, ring_len=L, max_draft_tokens=1, device=device)
-    S0 = (torch.randn(B, HV, V, K, generator=gen) * 0.3).to(device)
+    S0 = (torch.randn(B, HV, V, K, generator=gen) * state_scale).to(device)
     h.set_state(S0)
     S_base = S0.clone()
     S_ref = S0.double()
