@@ -16,8 +16,8 @@ from replayssm_kernels.gdn import gdn_replay_decode, gdn_replay_fold, split_ckpt
 from replayssm_kernels.gdn.ckpt import split_ckpt_hi, split_ckpt_pack, split_ckpt_unpack
 from sglang_replayssm.testing import GDNHarness
 
-from test_gdn_kernels import (VERIFY_KERNEL_PLANS, _direct_setup, _inputs, _params, test_gdn_decode,
-                              test_gdn_verify_commit)
+import test_gdn_kernels as gk
+from test_gdn_kernels import VERIFY_KERNEL_PLANS, _direct_setup, _inputs, _params
 
 bf16, fp32 = torch.bfloat16, torch.float32
 SPLIT = ("gdn_ckpt_split", (1,))
@@ -87,7 +87,7 @@ def test_gdn_decode_split_ckpt(cfg, shape, device, assert_within_baseline):
     K, V = _kv(device, shape[:2])
     L = shape[2]
     with overrides([SPLIT, ("gdn_decode", cfg)]):
-        test_gdn_decode(2, 1, 2, K, V, L, bf16, 18 if L == 16 else 9, device, assert_within_baseline)
+        gk.test_gdn_decode(2, 1, 2, K, V, L, bf16, 18 if L == 16 else 9, device, assert_within_baseline)
 
 
 def test_gdn_decode_split_ckpt_large_state(device, assert_within_baseline):
@@ -95,15 +95,15 @@ def test_gdn_decode_split_ckpt_large_state(device, assert_within_baseline):
     baseline's own error (whose bf16 output cast grows with it)."""
     K, V = _kv(device, (64, 32))
     with override(*SPLIT):
-        test_gdn_decode(2, 1, 2, K, V, 8, bf16, 12, device, assert_within_baseline, key_corr=0.5, state_scale=3.0)
+        gk.test_gdn_decode(2, 1, 2, K, V, 8, bf16, 12, device, assert_within_baseline, key_corr=0.5, state_scale=3.0)
 
 
 def test_gdn_decode_split_ckpt_fp32_and_correlated_keys(device, assert_within_baseline):
     with override(*SPLIT):
         K, V = _kv(device, (32, 16))
-        test_gdn_decode(3, 2, 4, K, V, 4, fp32, 10, device, assert_within_baseline)
+        gk.test_gdn_decode(3, 2, 4, K, V, 4, fp32, 10, device, assert_within_baseline)
         K, V = _kv(device, (64, 32))
-        test_gdn_decode(2, 1, 2, K, V, 8, bf16, 12, device, assert_within_baseline, key_corr=0.9)
+        gk.test_gdn_decode(2, 1, 2, K, V, 8, bf16, 12, device, assert_within_baseline, key_corr=0.9)
 
 
 @pytest.mark.parametrize("products", VERIFY_KERNEL_PLANS)
@@ -111,14 +111,14 @@ def test_gdn_verify_split_ckpt(products, device, assert_within_baseline):
     """Every verify kernel and the commit's fold on a split-layout pool."""
     K, V = _kv(device, (48, 40))
     with overrides([SPLIT, ("gdn_verify", products)]):
-        test_gdn_verify_commit(2, 1, 3, K, V, 5, 3, bf16, 6, device, assert_within_baseline)
+        gk.test_gdn_verify_commit(2, 1, 3, K, V, 5, 3, bf16, 6, device, assert_within_baseline)
 
 
 def test_gdn_verify_split_ckpt_fp32_and_k128(device, assert_within_baseline):
     with override(*SPLIT):
         K, V = _kv(device, (32, 16))
-        test_gdn_verify_commit(3, 2, 4, K, V, 16, 4, fp32, 10, device, assert_within_baseline)
-        test_gdn_verify_commit(2, 1, 2, 128, 128, 8, 4, bf16, 8, device, assert_within_baseline, key_corr=0.9)
+        gk.test_gdn_verify_commit(3, 2, 4, K, V, 16, 4, fp32, 10, device, assert_within_baseline)
+        gk.test_gdn_verify_commit(2, 1, 2, 128, 128, 8, 4, bf16, 8, device, assert_within_baseline, key_corr=0.9)
 
 
 def _decode_run(split: bool, dtype, device, steps=6, tamper=None):

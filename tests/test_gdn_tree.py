@@ -297,7 +297,7 @@ def test_decode_without_raw_keys_matches_with_them(form, plan):
     for step in range(2 * L + 1):
         assert torch.equal(o_lean[step], o_kept[step]), f"outputs of step {step}"
         assert torch.equal(s_lean[step], s_kept[step]), f"state after step {step}"
-    assert torch.equal(h_lean.checkpoint_pool(), h_kept.checkpoint_pool())
+    assert torch.equal(h_lean.checkpoint_pool().view(torch.int32), h_kept.checkpoint_pool().view(torch.int32))
     for name in RING_NAMES:
         assert torch.equal(getattr(h_lean._rings, name), getattr(h_kept._rings, name)), name
 
@@ -360,7 +360,7 @@ def test_plain_form_replay_refused_on_rings_without_raw_keys():
             h.decode(q, k, v, a, b, force_flush=torch.ones(B))
         with pytest.raises(ValueError, match=refused):
             h.decode(q, k, v, a, b)
-    assert torch.equal(h.checkpoint_pool(), ckpt)
+    assert torch.equal(h.checkpoint_pool().view(torch.int32), ckpt.view(torch.int32))  # bits (split layout)
     assert all(torch.equal(t, t0) for t, t0 in zip(h._rings.tensors(), rings))
 
     # The kernels' entry points themselves (all-layer rings, as the pool passes them).
