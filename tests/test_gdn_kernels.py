@@ -469,7 +469,7 @@ def test_gdn_partial_fold_rotates_origin(device):
         n, org = commit_prepare(h.slot_idx, h.wpos, h.origin, acc.to(device).int(), L, T_max, fold_window=fw)
         n_rows = n[:].cpu()
         assert bool((n_rows >= (pending.cpu() + 2)).all())
-        gdn_replay_fold(h._state, h._rings, h.slot_idx, n, org)
+        gdn_replay_fold(h._state, h._rings, h.slot_idx, n, org, split_ckpt=h.split_ckpt)  # the harness's layout
         _advance_rows(S_base, S_ref, acc, q, k, v, a, b, A_log, dt_bias)
         assert torch.equal(h.state(), S_base)
     assert bool((h.origin[h.slot_idx.long()] != 0).any()), "origin never rotated"
