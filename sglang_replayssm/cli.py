@@ -277,7 +277,9 @@ def _selftest_gdn(device: str) -> dict:
             err = (h.state() - pool[1:]).abs().max().item()
             return {"ok": False, "detail": f"GDN verify/commit state differs in round {rnd_i} (max |diff| {err:g})",
                     "fix": "the ReplaySSM GDN verify/fold kernels are not bit-exact on this GPU/triton"}
-    return {"ok": True, "detail": f"decode + verify/commit state bit-exact vs SGLang (B={batch}, H={H}, HV={HV}, K=V={K})"}
+    layout = "split" if h.split_ckpt else "fp32"
+    return {"ok": True, "detail": f"decode + verify/commit state bit-exact vs SGLang (B={batch}, H={H}, HV={HV}, "
+                                  f"K=V={K}, {layout} checkpoints)"}
 
 
 def _selftest_mamba2(device: str) -> dict:
