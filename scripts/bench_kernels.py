@@ -200,7 +200,8 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
         override,
         ring_min_batch,
     )
-    from replayssm_kernels.gdn import alloc_gdn_rings, gdn_commit, gdn_replay_decode, gdn_replay_verify
+    from replayssm_kernels.gdn import (alloc_gdn_rings, gdn_commit, gdn_replay_decode, gdn_replay_verify,
+                                       split_ckpt_convert)
 
     dev, act = "cuda", torch.bfloat16
     for H, HV in shapes:
@@ -302,7 +303,7 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
             if CKPT_SPLIT:
                 # The same launches on split-layout checkpoints (the pool packed first, so the
                 # exact paths see real values), synchronised and staggered.
-                pack_state(state)
+                split_ckpt_convert(state, None, True)
                 layout["split"] = True
                 for suffix, snaps in (("", snaps_sync), ("_staggered", snaps)):  # ours_decode reads `snaps`
                     for cfg in DECODE_CONFIGS:
@@ -312,7 +313,7 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
                     row[f"decode_ours_split{suffix}_us"] = min(
                         row[f"decode_ours_split{suffix}_us_" + "x".join(map(str, c))] for c in DECODE_CONFIGS)
                 layout["split"] = False
-                unpack_state(state)
+                split_ckpt_convert(state, None, False)
             for unroll in (GDN_UNROLL_SWEEP if sweep else ()):  # the default plan with a deeper exact replay
                 with override("gdn_replay_unroll", (unroll,)):
                     for suffix, snaps in (("", snaps_sync), ("_staggered", snaps)):  # ours_decode reads `snaps`
@@ -430,7 +431,7 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
                 with override("gdn_verify", best), override("gdn_replay_unroll", (unroll,)):
                     row[f"spec_ours_us_u{unroll}"] = time_graph(ours_spec, sets * n_steps, reps)
             if CKPT_SPLIT:
-                pack_state(state)
+                split_ckpt_convert(state, None, True)
                 with override("gdn_verify", best):
                     row["spec_ours_split_us"] = time_graph(lambda: ours_spec(True), sets * n_steps, reps)
             del rings, rings_all, state
@@ -438,21 +439,6 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
             row["spec_bytes_stock"] = gdn_verify_bytes_baseline(B, H, HV, K, V, T)
             results.append(row)
             print(json.dumps(row), flush=True)
-
-
-def pack_state(state, chunk=64):
-    """`split_ckpt_pack` a `[S, HV, V, K]` pool in place, `chunk` slots at a time (bounded temporaries)."""
-    from replayssm_kernels.gdn import split_ckpt_pack
-
-    for s0 in range(0, state.shape[0], chunk):
-        split_ckpt_pack(state[s0:s0 + chunk])
-
-
-def unpack_state(state, chunk=64):
-    from replayssm_kernels.gdn import split_ckpt_unpack
-
-    for s0 in range(0, state.shape[0], chunk):
-        split_ckpt_unpack(state[s0:s0 + chunk])
 
 
 def gdn_correctness_check(sweep=False):

@@ -14,7 +14,7 @@ import torch
 
 from replayssm_kernels import commit_prepare, decode_prepare, decode_row_order, pending_fold_plan
 from replayssm_kernels.configs import gdn_ckpt_split_for, gdn_flush_phase, gdn_flush_spread
-from replayssm_kernels.gdn.ckpt import split_ckpt_decode, split_ckpt_encode
+from replayssm_kernels.gdn.ckpt import split_ckpt_convert
 from replayssm_kernels.gdn import (
     alloc_gdn_rings,
     gdn_commit,
@@ -161,8 +161,9 @@ class GDNHarness(_RingHarness):
         """Load checkpoints `[batch, HV, V, K]` (fp32) and empty the rings."""
         if tuple(S0.shape) != (self.batch, self.HV, self.V, self.K):
             raise ValueError(f"state must be [{self.batch}, {self.HV}, {self.V}, {self.K}], got {tuple(S0.shape)}")
-        S0 = S0.to(device=self.device, dtype=torch.float32)
-        self._state[0, self.slot_idx.long()] = split_ckpt_encode(S0) if self.split_ckpt else S0
+        self._state[0, self.slot_idx.long()] = S0.to(device=self.device, dtype=torch.float32)
+        if self.split_ckpt:
+            split_ckpt_convert(self._state[0], self.slot_idx, True)  # as a server's pool converts
         self._reset_cursors()
 
     def decode(self, q, k, v, a, b, force_flush=None) -> torch.Tensor:
@@ -198,7 +199,9 @@ class GDNHarness(_RingHarness):
             gdn_replay_fold(self._state, self._rings, self.slot_idx, n, org, dst=out, dst_idx=dst_idx,
                             split_ckpt=self.split_ckpt)
             out = out[0]
-        return split_ckpt_decode(out) if self.split_ckpt else out
+        if self.split_ckpt:
+            split_ckpt_convert(out, None, False)
+        return out
 
     # Inspection helpers for tests (not part of the conformance API).
     def checkpoint_pool(self) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 from replayssm_kernels import decode_prepare
 from replayssm_kernels.configs import override, overrides
 from replayssm_kernels.gdn import gdn_replay_decode, gdn_replay_fold, split_ckpt_decode, split_ckpt_encode
-from replayssm_kernels.gdn.ckpt import split_ckpt_hi, split_ckpt_pack, split_ckpt_unpack
+from replayssm_kernels.gdn.ckpt import split_ckpt_convert, split_ckpt_hi
 from sglang_replayssm.testing import GDNHarness
 
 import test_gdn_kernels as gk
@@ -56,19 +56,23 @@ def test_split_layout_round_trip_is_exact_on_every_high_half():
             assert torch.equal(got, x[finite].bfloat16().float())
 
 
-def test_split_pack_unpack_touch_only_the_given_slots():
+def test_split_convert_kernel_matches_the_reference_and_touches_only_the_given_slots(device):
+    """`split_ckpt_convert` (the servers' in-place conversion kernel) against the torch reference
+    `split_ckpt_encode` / `_decode`: listed slots of every layer (padding `-1` skipped), a whole
+    one-layer pool, and back."""
     gen = torch.Generator().manual_seed(5)
-    x = torch.randn(2, 5, 3, 8, 16, generator=gen)
+    x = torch.randn(2, 5, 3, 8, 16, generator=gen).to(device)
     s = x.clone()
-    slots = torch.tensor([4, 1], dtype=torch.int32)
-    split_ckpt_pack(s, slots)
-    assert torch.equal(s[:, [0, 2, 3]], x[:, [0, 2, 3]])
+    split_ckpt_convert(s, torch.tensor([4, -1, 1], dtype=torch.int32, device=device), True)
+    assert torch.equal(s[:, [0, 2, 3]].view(torch.int32), x[:, [0, 2, 3]].view(torch.int32))
     assert torch.equal(s[:, [4, 1]].view(torch.int32), split_ckpt_encode(x[:, [4, 1]]).view(torch.int32))
-    split_ckpt_unpack(s, slots)
+    split_ckpt_convert(s, torch.tensor([1, 4], dtype=torch.int64, device=device), False)
     assert torch.equal(s.view(torch.int32), x.view(torch.int32))
     s4 = x[0].clone()
-    split_ckpt_pack(s4)
-    assert torch.equal(split_ckpt_decode(s4).view(torch.int32), x[0].view(torch.int32))
+    split_ckpt_convert(s4, None, True)
+    assert torch.equal(s4.view(torch.int32), split_ckpt_encode(x[0]).view(torch.int32))
+    split_ckpt_convert(s4, None, False)
+    assert torch.equal(s4.view(torch.int32), x[0].view(torch.int32))
 
 
 @pytest.mark.parametrize("cfg,shape", [

@@ -1,6 +1,6 @@
 """Gated DeltaNet ReplaySSM kernels (decode, speculative verify, exact fold)."""
 
-from .ckpt import split_ckpt_decode, split_ckpt_encode, split_ckpt_pack, split_ckpt_unpack
+from .ckpt import split_ckpt_convert, split_ckpt_decode, split_ckpt_encode
 from .decode import gdn_replay_decode
 from .fold import gdn_commit, gdn_replay_fold
 from .reference import gdn_gate_ref, gdn_recurrent_ref
@@ -19,8 +19,7 @@ __all__ = [
     "gdn_keeps_raw_keys",
     "gdn_ring_bytes_per_slot",
     "gdn_ring_shapes",
+    "split_ckpt_convert",
     "split_ckpt_decode",
     "split_ckpt_encode",
-    "split_ckpt_pack",
-    "split_ckpt_unpack",
 ]

@@ -16,9 +16,8 @@ exact paths (flush, fold, commit) read and write both planes (`common.ckpt_load`
 
 The layout is a property of the pool: every kernel that touches it is told (`split_ckpt=`), and
 code that reads the checkpoint as fp32 (SGLang's own kernels) needs it converted first:
-`split_ckpt_convert` converts slots in place on the device (one program per head block), the
-torch helpers (`split_ckpt_pack` / `_unpack`, `split_ckpt_encode` / `_decode`) do the same for
-tests and tools.
+`split_ckpt_convert` converts slots in place on the device (one program per head block). The
+torch functions `split_ckpt_encode` / `_decode` are the reference the tests hold it to.
 """
 
 from __future__ import annotations
@@ -91,33 +90,6 @@ def split_ckpt_hi(y: torch.Tensor) -> torch.Tensor:
     lead, V, K = y.shape[:-2], y.shape[-2], y.shape[-1]
     hi = y.contiguous().view(torch.int16).reshape(*lead, 2, V * K)[..., 0, :]
     return hi.view(torch.bfloat16).float().reshape(*lead, V, K)
-
-
-def split_ckpt_pack(state: torch.Tensor, slots: Optional[torch.Tensor] = None) -> None:
-    """Convert checkpoints in place from fp32 to the split layout: all of `state`
-    (`[..., S, HV, V, K]`), or the slots `slots` of its slot axis (`[S, HV, V, K]` or
-    `[Lm, S, HV, V, K]`)."""
-    _convert(state, slots, split_ckpt_encode)
-
-
-def split_ckpt_unpack(state: torch.Tensor, slots: Optional[torch.Tensor] = None) -> None:
-    """Convert checkpoints in place from the split layout back to fp32 (`split_ckpt_pack`'s inverse)."""
-    _convert(state, slots, split_ckpt_decode)
-
-
-def _convert(state: torch.Tensor, slots: Optional[torch.Tensor], fn) -> None:
-    if state.dtype != torch.float32 or state.stride(-1) != 1 or state.stride(-2) != state.shape[-1]:
-        raise ValueError("the checkpoint must be fp32 [..., V, K] with contiguous [V, K] blocks")
-    if slots is None:
-        state.copy_(fn(state))
-        return
-    if state.dim() not in (4, 5):
-        raise ValueError("slots need a [S, HV, V, K] or [Lm, S, HV, V, K] checkpoint")
-    idx = slots.long()
-    if state.dim() == 4:
-        state[idx] = fn(state[idx])
-    else:
-        state[:, idx] = fn(state[:, idx])
 
 
 @triton.jit(do_not_specialize=["n_slots", "stride_layer", "stride_slot"])

@@ -55,23 +55,14 @@ def ckpt_load(p_head, o_h, mask, NVK: tl.constexpr, SPLIT: tl.constexpr, HALF: t
     bf16 activations); else the exact fp32 value."""
     if SPLIT:
         p16 = p_head.to(tl.pointer_type(tl.uint16))
-        if EVICT:
-            hi = tl.load(p16 + o_h, mask=mask, other=0, eviction_policy="evict_first")
-        else:
-            hi = tl.load(p16 + o_h, mask=mask, other=0)
+        hi = tl.load(p16 + o_h, mask=mask, other=0, eviction_policy="evict_first" if EVICT else "")
         if HALF:
             x = hi.to(tl.bfloat16, bitcast=True).to(tl.float32)
         else:
-            if EVICT:
-                lo = tl.load(p16 + NVK + o_h, mask=mask, other=0, eviction_policy="evict_first")
-            else:
-                lo = tl.load(p16 + NVK + o_h, mask=mask, other=0)
-            x = ckpt_join(hi, lo)
+            x = ckpt_join(hi, tl.load(p16 + NVK + o_h, mask=mask, other=0,
+                                      eviction_policy="evict_first" if EVICT else ""))
     else:
-        if EVICT:
-            x = tl.load(p_head + o_h, mask=mask, other=0, eviction_policy="evict_first")
-        else:
-            x = tl.load(p_head + o_h, mask=mask, other=0)
+        x = tl.load(p_head + o_h, mask=mask, other=0, eviction_policy="evict_first" if EVICT else "")
     return x
 
 
