@@ -53,12 +53,6 @@ def ckpt_half_reads(act_dtype: torch.dtype) -> bool:
     return act_dtype == torch.bfloat16
 
 
-def _planes(state: torch.Tensor, slots: Optional[torch.Tensor]):
-    if state.dtype != torch.float32 or state.dim() < 3 or state.stride(-1) != 1 or state.stride(-2) != state.shape[-1]:
-        raise ValueError("the checkpoint must be fp32 [..., V, K] with contiguous [V, K] blocks")
-    return state if slots is None else state[..., slots.long(), :, :, :] if state.dim() >= 4 else state[slots.long()]
-
-
 def _to_i16(x: torch.Tensor) -> torch.Tensor:
     """int64 values in [0, 2^16) as the int16 with the same bits."""
     return (x - ((x & 0x8000) << 1)).to(torch.int16)
