@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import ckpt_join
+from .common import ckpt_join, ckpt_planes
 
 _M16 = 0xFFFF
 
@@ -86,8 +86,8 @@ def split_ckpt_hi(y: torch.Tensor) -> torch.Tensor:
     return hi.view(torch.bfloat16).float().reshape(*lead, V, K)
 
 
-@triton.jit(do_not_specialize=["n_slots", "stride_layer", "stride_slot"])
-def _ckpt_convert_kernel(state, slots, n_slots, stride_layer, stride_slot, HV: tl.constexpr, NVK: tl.constexpr,
+@triton.jit(do_not_specialize=["stride_layer", "stride_slot"])
+def _ckpt_convert_kernel(state, slots, stride_layer, stride_slot, HV: tl.constexpr, NVK: tl.constexpr,
                          BLOCK: tl.constexpr, TO_SPLIT: tl.constexpr, ALL: tl.constexpr):
     """One head block of one (layer, slot) per program, converted in place: the whole block is
     read before any of it is written (the two layouts share its bytes across elements)."""
@@ -106,12 +106,10 @@ def _ckpt_convert_kernel(state, slots, n_slots, stride_layer, stride_slot, HV: t
     o = tl.arange(0, BLOCK)
     m = o < NVK
     if TO_SPLIT:
-        bits = tl.load(p32 + o, mask=m, other=0).to(tl.uint32, bitcast=True)
-        lo = bits & 0xFFFF
-        hi = ((bits >> 16) + (lo >> 15)) & 0xFFFF
+        hi, lo = ckpt_planes(tl.load(p32 + o, mask=m, other=0))
         tl.debug_barrier()  # every lane has its words before any lane overwrites them
-        tl.store(p16 + o, hi.to(tl.uint16), mask=m)
-        tl.store(p16 + NVK + o, lo.to(tl.uint16), mask=m)
+        tl.store(p16 + o, hi, mask=m)
+        tl.store(p16 + NVK + o, lo, mask=m)
     else:
         x = ckpt_join(tl.load(p16 + o, mask=m, other=0), tl.load(p16 + NVK + o, mask=m, other=0))
         tl.debug_barrier()
@@ -137,6 +135,6 @@ def split_ckpt_convert(state: torch.Tensor, slots: Optional[torch.Tensor], to_sp
     idx = state if slots is None else slots.reshape(-1).to(torch.int32).contiguous()
     block = triton.next_power_of_2(V * K)
     _ckpt_convert_kernel[(n * HV, Lm)](
-        state, idx, n, state.stride(0), state.stride(1), HV=HV, NVK=V * K, BLOCK=block, TO_SPLIT=bool(to_split),
+        state, idx, state.stride(0), state.stride(1), HV=HV, NVK=V * K, BLOCK=block, TO_SPLIT=bool(to_split),
         ALL=slots is None, num_warps=16 if block >= 8192 else 4,
     )

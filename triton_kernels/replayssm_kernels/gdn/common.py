@@ -75,15 +75,22 @@ def ckpt_join(hi, lo):
 
 
 @triton.jit
+def ckpt_planes(x):
+    """The `(hi, lo)` 16-bit planes (uint16) of the fp32 tile `x`; `ckpt_join` inverts it."""
+    bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+    lo = bits & 0xFFFF
+    hi = ((bits >> 16) + (lo >> 15)) & 0xFFFF
+    return hi.to(tl.uint16), lo.to(tl.uint16)
+
+
+@triton.jit
 def ckpt_store(p_head, o_h, x, mask, NVK: tl.constexpr, SPLIT: tl.constexpr):
     """Store the fp32 tile `x` into the head block `p_head` at offsets `o_h` (see `ckpt_load`)."""
     if SPLIT:
         p16 = p_head.to(tl.pointer_type(tl.uint16))
-        bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
-        lo = bits & 0xFFFF
-        hi = ((bits >> 16) + (lo >> 15)) & 0xFFFF
-        tl.store(p16 + o_h, hi.to(tl.uint16), mask=mask)
-        tl.store(p16 + NVK + o_h, lo.to(tl.uint16), mask=mask)
+        hi, lo = ckpt_planes(x)
+        tl.store(p16 + o_h, hi, mask=mask)
+        tl.store(p16 + NVK + o_h, lo, mask=mask)
     else:
         tl.store(p_head + o_h, x.to(p_head.dtype.element_ty), mask=mask)
 
