@@ -621,11 +621,12 @@ step_decode_prof() {
       --top 25 >"$OUT/decode_prof_compare.txt" 2>&1 || true
     cat "$OUT/decode_prof_compare.txt"
   fi
-  # The same kernels in the kernel benchmark on this machine (batch 256, the default decode plan),
+  # The same kernels in the kernel benchmark on this machine (batch 256, the default decode plan, both
+  # checkpoint layouts: the servers run the split one),
   # when the time left allows: the in-server kernel times above against the benchmark's.
   if [ "$(left)" -gt "${PROF_BENCH_MIN_S:-150}" ]; then
     run env OUT="$OUT/decode_prof_bench" BENCH_TIMEOUT=$(( $(left) - 15 )) BENCH_ARGS="--family gdn --batches 256 \
---reps 12 --gdn-decode-only --gdn-decode-plans ${PROF_BENCH_PLANS:-5x16x1x2x8x0x1x1x8}" bash scripts/device_kernels.sh bench
+--reps 12 --gdn-decode-only --gdn-ckpt-split --gdn-decode-plans ${PROF_BENCH_PLANS:-5x16x1x2x8x0x1x1x8}" bash scripts/device_kernels.sh bench
   fi
 }
 
