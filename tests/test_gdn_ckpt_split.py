@@ -149,16 +149,25 @@ def _decode_run(split: bool, dtype, device, steps=6, tamper=None):
 
 def test_split_half_reads_only_with_bf16_activations(device):
     """bf16 activations: the outputs read the `hi` planes only, so they differ from the fp32
-    layout's somewhere (and stay within the baseline's error: the tests above); fp32 activations
-    read the exact values, so the outputs are the fp32 layout's bit for bit. The state is the
-    same in every case."""
+    layout's by about a bf16 rounding of the checkpoint (and stay within the baseline's error: the
+    tests above); fp32 activations read the exact values. The state is the same in every case.
+
+    fp32 outputs: bit for bit under the interpreter. On the GPU the two 16-bit loads give the
+    output sums another tile layout, so they may differ in the last bits (measured on an H100:
+    7.5e-9, session 36); the bound is a few fp32 roundings, far below the bf16
+    case's difference (2.4e-4 there)."""
     o_f, s_f = _decode_run(False, bf16, device)
     o_s, s_s = _decode_run(True, bf16, device)
     assert not torch.equal(o_f, o_s), "bf16 outputs must come from the hi planes"
     assert torch.equal(s_f, s_s)
     o_f, s_f = _decode_run(False, fp32, device)
     o_s, s_s = _decode_run(True, fp32, device)
-    assert torch.equal(o_f, o_s) and torch.equal(s_f, s_s)
+    assert torch.equal(s_f, s_s)
+    if device == "cpu":
+        assert torch.equal(o_f, o_s)
+    else:
+        tol = 64 * torch.finfo(torch.float32).eps * o_f.abs().max().item()
+        assert (o_f.double() - o_s.double()).abs().max().item() <= tol
 
 
 def test_split_lo_plane_feeds_the_state_not_the_bf16_outputs(device):
