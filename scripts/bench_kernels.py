@@ -331,6 +331,7 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
             # Below the threshold the GDN backend runs SGLang's packed decode (after a fold).
             row["decode_dispatch"] = "stock" if B < ring_min_batch("gdn") else "ring"
             row["decode_default_cfg"] = gdn_decode_config(K, V, rows=B).key()
+            row["decode_default_split_cfg"] = gdn_decode_config(K, V, rows=B, split_ckpt=True).key()
             row["spec_default_cfg"] = "x".join(map(str, gdn_verify_plan(B)))
             snaps = snaps_sync
 

@@ -43,10 +43,11 @@ def _us(v):
 
 def dispatch_rows(rows):
     """What the backend runs per batch size: the ring (staggered rows; the default plan when the row
-    names it, else the fastest timed plan), the exact small-batch mode, or SGLang's own kernel."""
+    names it, else the fastest timed plan; on split checkpoints, the servers' default layout, when the
+    run timed them), the exact small-batch mode, or SGLang's own kernel."""
     out = ["\n**Decode as the backend dispatches it** (`configs.ring_min_batch`: below the threshold a "
            "GDN batch runs SGLang's packed decode (`stock`) and a Mamba-2 batch the exact recurrence "
-           "(`exact`); ring above, staggered rows)\n",
+           "(`exact`); ring above, staggered rows; `ring, split`: GDN on split checkpoints)\n",
            "| family | shape | batch | mode | stock (us) | ours (us) | ours vs stock |", "|---|---|---:|---|---:|---:|---:|"]
     for r in rows:
         if "decode_dispatch" not in r:
@@ -57,10 +58,14 @@ def dispatch_rows(rows):
             ours = stock
         elif mode == "exact":
             ours = r["decode_ours_exact_us"]
+        elif "decode_ours_split_staggered_us" in r:
+            mode = "ring, split"
+            ours = r.get(f"decode_ours_split_staggered_us_{r.get('decode_default_split_cfg')}",
+                         r["decode_ours_split_staggered_us"])
         else:
             ours = r.get(f"decode_ours_staggered_us_{r.get('decode_default_cfg')}", r["decode_ours_staggered_us"])
         shape = f"HV={r['HV']}" if r["family"] == "gdn" else r["shape"]
-        out.append(f"| {r['family']} | {shape} | {r['B']} | {r['decode_dispatch']} | {_us(stock)} | {_us(ours)} | "
+        out.append(f"| {r['family']} | {shape} | {r['B']} | {mode} | {_us(stock)} | {_us(ours)} | "
                    f"{_x(stock, ours)} |")
     return out if len(out) > 3 else []
 

@@ -297,17 +297,20 @@ def test_gdn_decode_config_by_batch(monkeypatch, device, assert_within_baseline)
     monkeypatch.setattr(configs, "_OVERRIDES", {})
     assert gdn_decode_config(128, 128).key() == gdn_decode_config(128, 128, rows=63).key() == "3x16x1x3x8x0x1"
     assert gdn_decode_config(128, 128, rows=64).key() == "5x16x1x2x8x0x1x1x8"
+    assert gdn_decode_config(128, 128, rows=64, split_ckpt=True).key() == "5x16x1x3x8x0x1x1x8"
+    assert gdn_decode_config(128, 128, rows=63, split_ckpt=True).key() == "3x16x1x3x8x0x1"
     with override("gdn_decode_large_from", (0,)):
         assert gdn_decode_config(128, 128, rows=4096).split == 3
     with override("gdn_decode", (4, 16, 1, 3, 8, 0, 1)):
         assert gdn_decode_config(128, 128, rows=256).split == 4
+        assert gdn_decode_config(128, 128, rows=256, split_ckpt=True).split == 4
     assert "gdn_decode_large_from=64 " in configs.describe()
     seen = []
     real = configs.gdn_decode_config
 
-    def spy(K, V, rows=None):
-        cfg = real(K, V, rows=rows)
-        seen.append((rows, cfg.split))
+    def spy(K, V, rows=None, split_ckpt=False):
+        cfg = real(K, V, rows=rows, split_ckpt=split_ckpt)
+        seen.append((rows, cfg.split, cfg.num_stages, split_ckpt))
         return cfg
 
     import replayssm_kernels.gdn.decode as dec
@@ -315,7 +318,9 @@ def test_gdn_decode_config_by_batch(monkeypatch, device, assert_within_baseline)
     monkeypatch.setattr(dec, "gdn_decode_config", spy)
     with override("gdn_decode_large_from", (2,)):
         test_gdn_decode(3, 1, 2, 48, 40, 4, bf16, 9, device, assert_within_baseline)
-    assert seen and all(split == 5 for rows, split in seen if rows >= 2), seen
+    assert seen and all(split == 5 for rows, split, *_ in seen if rows >= 2), seen
+    # the launch passes its pool's layout (the harness's default, split): the split plan's three stages
+    assert {(stages, lay) for rows, split, stages, lay in seen if rows >= 2} == {(3, True)}, seen
 
 
 def test_gdn_loop_split_config(monkeypatch):

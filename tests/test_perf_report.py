@@ -65,3 +65,22 @@ def test_gdn_decode_only_rows():
     with contextlib.redirect_stdout(buf):
         bk.print_table(rows, 3000.0)
     assert "| 1.69 | - | - | - | -" in buf.getvalue()
+
+
+def test_dispatch_rows_follow_the_split_default():
+    """A run that timed split checkpoints: the dispatch table shows the split layout's default plan
+    (three stages from 64 rows, session 38), not the fastest plan nor the fp32 layout's; a row
+    without split timings keeps the fp32 layout's default plan."""
+    rows = pr.load_rows(ROOT / "docs" / "data" / "session38_2026-12-06" / "call1_split_sweep" / "bench.json")
+    for r in rows:  # recorded before the benchmark wrote the split default's name
+        r.setdefault("decode_default_split_cfg", "5x16x1x3x8x0x1x1x8")
+    text = "\n".join(pr.dispatch_rows(rows))
+    assert "| gdn | HV=32 | 256 | ring, split | 366.1 | 190.3 | 1.92x |" in text
+    assert "| gdn | HV=64 | 256 | ring, split | 723.9 | 353.9 | 2.05x |" in text
+    for r in rows:
+        r["decode_default_split_cfg"] = "5x16x1x2x8x0x1x1x8"
+    assert "| gdn | HV=32 | 256 | ring, split | 366.1 | 192.9 | 1.90x |" in "\n".join(pr.dispatch_rows(rows))
+    for r in rows:
+        for k in [k for k in r if k.startswith("decode_ours_split")]:
+            del r[k]
+    assert "| gdn | HV=32 | 256 | ring | 366.1 | 230.5 | 1.59x |" in "\n".join(pr.dispatch_rows(rows))

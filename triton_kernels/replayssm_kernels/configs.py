@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 _OVERRIDES: dict[str, tuple[int, int, int]] = {}
@@ -59,7 +59,8 @@ def describe() -> str:
     m2_plan = mamba2_decode_plan()
     return "\n".join([
         "gdn_decode=" + gdn_decode_config(128, 128).key() + " (from gdn_decode_large_from rows: "
-        + gdn_decode_config(128, 128, rows=max(1, gdn_decode_large_from())).key() + ")",
+        + gdn_decode_config(128, 128, rows=max(1, gdn_decode_large_from())).key() + "; on split checkpoints: "
+        + gdn_decode_config(128, 128, rows=max(1, gdn_decode_large_from()), split_ckpt=True).key() + ")",
         f"gdn_decode_large_from={gdn_decode_large_from()} (GDN decode: the batch from which its large-batch plan "
         "runs; 0 = never)",
         "gdn_verify=" + "x".join(map(str, gdn_verify_plan(None))) + " (from gdn_verify_large_from rows; "
@@ -247,6 +248,12 @@ _GDN_DECODE_DEFAULT = GDNDecodeConfig(split=3, block_v=16, num_warps=1, num_stag
 # gdn_decode_large_from=N (0 = never).
 _GDN_DECODE_LARGE = GDNDecodeConfig(split=5, block_v=16, num_warps=1, num_stages=2, flush_cols=8,
                                     use_dot=False, evict_first=True, loop_split=1, flush_split=8)
+# The same plan with three load stages on split-checkpoint pools (session 38, H100, 2026-12-06,
+# docs/perf.md run 19: staggered 190.3 / 353.9 us at batch 256 against two stages' 192.9 / 359.3,
+# HV 32 / 64; synchronised 182.3 / 339.3 against 186.6 / 349.5; both plans checked bit-exact on the
+# GPU first). On fp32 pools three stages are slower (237.4 / 471.7 against 230.5 / 441.3), so the
+# plan follows the layout. A `gdn_decode` override applies to both layouts.
+_GDN_DECODE_LARGE_SPLIT = replace(_GDN_DECODE_LARGE, num_stages=3)
 _GDN_DECODE_LARGE_FROM = 64
 
 
@@ -254,12 +261,14 @@ def gdn_decode_large_from() -> int:
     return _OVERRIDES.get("gdn_decode_large_from", (_GDN_DECODE_LARGE_FROM,))[0]
 
 
-def gdn_decode_config(K: int, V: int, rows: Optional[int] = None) -> GDNDecodeConfig:
-    """The GDN decode plan for a launch of `rows` rows (None: below gdn_decode_large_from); the
-    `gdn_decode` override at every batch."""
+def gdn_decode_config(K: int, V: int, rows: Optional[int] = None, split_ckpt: bool = False) -> GDNDecodeConfig:
+    """The GDN decode plan for a launch of `rows` rows (None: below gdn_decode_large_from) on
+    checkpoints in the split layout or not; the `gdn_decode` override at every batch and layout."""
     if "gdn_decode" not in _OVERRIDES:
         large = gdn_decode_large_from()
-        return _GDN_DECODE_LARGE if rows is not None and large and rows >= large else _GDN_DECODE_DEFAULT
+        if rows is not None and large and rows >= large:
+            return _GDN_DECODE_LARGE_SPLIT if split_ckpt else _GDN_DECODE_LARGE
+        return _GDN_DECODE_DEFAULT
     if "gdn_decode" in _OVERRIDES:
         split, bv, warps, stages, fcols, dot, evict, *ls = _OVERRIDES["gdn_decode"]
         loop_split = int(ls[0]) if ls else 1

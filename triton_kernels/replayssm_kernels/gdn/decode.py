@@ -250,8 +250,8 @@ def gdn_replay_decode(
         return out
     BK = triton.next_power_of_2(K)
     RL = rings.ring_len
-    cfg = gdn_decode_config(K, V, rows=B)
     split = bool(split_ckpt)
+    cfg = gdn_decode_config(K, V, rows=B, split_ckpt=split)
     check_split_form(split, K)
     half = split and ckpt_half_reads(q.dtype)
     bv_exact = min(triton.next_power_of_2(V), _BV_EXACT)
