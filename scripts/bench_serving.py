@@ -424,6 +424,8 @@ def summarize_requests(reqs: list[dict], duration_s: float, concurrency: int) ->
     lats = [r["latency_s"] * 1e3 for r in ok]
     spec = [r for r in ok if r.get("verify_ct")]
     acc = sum(r["output_tokens"] for r in spec) / sum(r["verify_ct"] for r in spec) if spec else None
+    lag = [(r["latency_s"] - r["server_e2e_s"]) * 1e3 for r in ok if r.get("server_e2e_s") is not None]
+    streamed = [r["stream_bytes"] for r in ok if r.get("stream_bytes") is not None]
     return dict(
         concurrency=concurrency,
         num_requests=len(reqs),
@@ -444,9 +446,16 @@ def summarize_requests(reqs: list[dict], duration_s: float, concurrency: int) ->
         median_e2e_latency_ms=percentile(lats, 50),
         accept_length=acc,
         accept_length_requests=len(spec),
+        # Host side of the stream: the bytes of event payloads the client read (SGLang's default
+        # streaming repeats every output id so far in each event), and how much later than the
+        # server's own end of each request the client saw it (median and largest).
+        stream_mb=sum(streamed) / 1e6 if streamed else None,
+        median_stream_lag_ms=percentile(lag, 50),
+        max_stream_lag_ms=max(lag) if lag else None,
     )
 
 
+STREAM_LAG_NOTE_MS = 500.0  # a client that saw requests end later than this after the server gets a note
 WAVE_SPREAD_NOTE_S = 0.25  # a second wave sent over longer than this gets a note in the report
 
 
@@ -570,9 +579,12 @@ async def stream_generate(host: str, port: int, payload: dict) -> dict:
             rec["error"] = f"HTTP {status}: {text!r}"
             return rec
         last = None
+        events = nbytes = 0
         async for data in _sse_events(reader, headers):
             if data == b"[DONE]":
                 break
+            events += 1
+            nbytes += len(data)
             if rec["ttft_s"] is None:
                 ev = json.loads(data)
                 if "error" in ev:
@@ -582,6 +594,7 @@ async def stream_generate(host: str, port: int, payload: dict) -> dict:
                     rec["ttft_s"] = time.perf_counter() - t0
             last = data
         rec["latency_s"] = time.perf_counter() - t0
+        rec["stream_events"], rec["stream_bytes"] = events, nbytes
         if last is None:
             rec["error"] = "no events in the stream"
             return rec
@@ -592,6 +605,10 @@ async def stream_generate(host: str, port: int, payload: dict) -> dict:
         meta = final.get("meta_info") or {}
         rec["output_tokens"] = int(meta.get("completion_tokens") or 0)
         rec["verify_ct"] = meta.get("spec_verify_ct")
+        # The server's own request latency (its tokenizer manager, up to the final output): the
+        # client's latency minus this is time the stream spent between that process and here.
+        if isinstance(meta.get("e2e_latency"), (int, float)):
+            rec["server_e2e_s"] = float(meta["e2e_latency"])
         fr = meta.get("finish_reason")
         rec["finish_reason"] = fr.get("type") if isinstance(fr, dict) else fr
         if rec["ttft_s"] is None:
@@ -892,6 +909,12 @@ def markdown_report(cases: list[dict], servers: list[dict], runs: list[dict]) ->
                     m = case["metrics"]
                     warn.append(f"{s} C={c}: second wave sent over {spread:.2f} s (first wave ended over "
                                 f"{m['wave1_end_spread_s']:.2f} s, client lag <= {m['client_lag_max_s']:.2f} s)")
+                lag = (case.get("metrics") or {}).get("max_stream_lag_ms")
+                if lag is not None and lag > STREAM_LAG_NOTE_MS:
+                    m = case["metrics"]
+                    warn.append(f"{s} C={c}: the client saw requests end up to {lag / 1e3:.2f} s after the server "
+                                f"did (median {m['median_stream_lag_ms'] / 1e3:.2f} s; {_f(m.get('stream_mb'))} MB "
+                                f"streamed): the host's streaming, not the GPU, set the end of this case")
                 fit = (case.get("fit") or {}).get("fit")
                 if fit is not None and c > fit:
                     warn.append(f"{s} C={c}: above the server's admitted concurrency ({fit})")

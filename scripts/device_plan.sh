@@ -626,7 +626,7 @@ step_decode_prof() {
   # when the time left allows: the in-server kernel times above against the benchmark's.
   if [ "$(left)" -gt "${PROF_BENCH_MIN_S:-150}" ]; then
     run env OUT="$OUT/decode_prof_bench" BENCH_TIMEOUT=$(( $(left) - 15 )) BENCH_ARGS="--family gdn --batches 256 \
---reps 12 --gdn-decode-only --gdn-ckpt-split --gdn-decode-plans ${PROF_BENCH_PLANS:-5x16x1x2x8x0x1x1x8}" bash scripts/device_kernels.sh bench
+--reps 12 --gdn-decode-only --gdn-ckpt-split --gdn-decode-plans ${PROF_BENCH_PLANS:-5x16x1x3x8x0x1x1x8,5x16x1x2x8x0x1x1x8}" bash scripts/device_kernels.sh bench
   fi
 }
 

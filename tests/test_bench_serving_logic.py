@@ -281,6 +281,10 @@ def test_wave_timing():
     cases[1]["metrics"].update(w)
     md = bs.markdown_report(cases, [], [])
     assert "ours C=8: second wave sent over 0.50 s (first wave ended over 0.10 s, client lag <= 0.40 s)" in md
+    assert "after the server did" not in md
+    cases[0]["metrics"].update(max_stream_lag_ms=4900.0, median_stream_lag_ms=4800.0, stream_mb=230.0)
+    md = bs.markdown_report(cases, [], [])
+    assert "stock C=8: the client saw requests end up to 4.90 s after the server did (median 4.80 s" in md
     assert "stock C=8: second wave" not in md
 
 
@@ -297,7 +301,14 @@ def test_summarize_requests():
     assert m["median_tpot_ms"] == pytest.approx(150.0) and m["mean_tpot_ms"] == pytest.approx(150.0)
     assert m["accept_length"] == pytest.approx(22 / 10)  # token-weighted over spec requests
     assert m["median_ttft_ms"] == pytest.approx(100.0)
+    assert m["stream_mb"] is None and m["median_stream_lag_ms"] is None  # records without them
     assert bs.summarize_requests([], 0.0, 1)["output_throughput"] is None
+    reqs[0].update(stream_bytes=3_000_000, server_e2e_s=0.6)   # the client saw the end 500 ms late
+    reqs[1].update(stream_bytes=1_000_000, server_e2e_s=2.1)   # 100 ms late
+    reqs[3].update(stream_bytes=7_000_000, server_e2e_s=0.0)   # failed: not counted
+    m = bs.summarize_requests(reqs, duration_s=2.5, concurrency=4)
+    assert m["stream_mb"] == pytest.approx(4.0)
+    assert m["median_stream_lag_ms"] == pytest.approx(300.0) and m["max_stream_lag_ms"] == pytest.approx(500.0)
     assert bs.num_prompts_for(1, 2, 4) == 4 and bs.num_prompts_for(128, 2, 4) == 256
     assert bs.case_seed(0, 8) != bs.case_seed(0, 32) and bs.case_seed(1, 8) != bs.case_seed(0, 8)
 
@@ -1036,3 +1047,35 @@ def test_diag_per_step_diff(tmp_path):
     bad = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "diag" / "summarize.py"),
                           a, b, "--diff", "ours,stock", "--steps", "ours=1000"], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "no step count for stock" in bad.stderr
+
+
+def test_stream_generate_counts_the_stream(tmp_path):
+    """A local server answering like SGLang's streaming /generate (chunked SSE, cumulative output
+    ids, e2e_latency in the last event): tokens, events, payload bytes and the server's latency."""
+    import asyncio
+    import json
+
+    events = [{"output_ids": list(range(k)), "meta_info": {"completion_tokens": k}} for k in (1, 2, 3)]
+    events[-1]["meta_info"].update(e2e_latency=0.25, finish_reason={"type": "length"})
+    payloads = [json.dumps(e).encode() for e in events] + [b"[DONE]"]
+
+    async def handle(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for p in payloads:
+            chunk = b"data: " + p + b"\n\n"
+            writer.write(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async def main():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            return await bs.stream_generate("127.0.0.1", port, {"input_ids": [1, 2], "stream": True})
+
+    rec = asyncio.run(main())
+    assert rec["ok"] and rec["error"] is None and rec["output_tokens"] == 3 and rec["finish_reason"] == "length"
+    assert rec["stream_events"] == 3 and rec["stream_bytes"] == sum(len(p) for p in payloads[:-1])
+    assert rec["server_e2e_s"] == pytest.approx(0.25)
