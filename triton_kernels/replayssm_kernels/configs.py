@@ -269,18 +269,16 @@ def gdn_decode_config(K: int, V: int, rows: Optional[int] = None, split_ckpt: bo
         if rows is not None and large and rows >= large:
             return _GDN_DECODE_LARGE_SPLIT if split_ckpt else _GDN_DECODE_LARGE
         return _GDN_DECODE_DEFAULT
-    if "gdn_decode" in _OVERRIDES:
-        split, bv, warps, stages, fcols, dot, evict, *ls = _OVERRIDES["gdn_decode"]
-        loop_split = int(ls[0]) if ls else 1
-        flush_split = int(ls[1]) if len(ls) > 1 else 0
-        if loop_split < 1 or (loop_split != 1 and split != 5):
-            raise ValueError(f"gdn_decode: an eighth number (loop split >= 1) is decode plan 5's only, got "
-                             f"{_OVERRIDES['gdn_decode']}; fix REPLAYSSM_CONFIG")
-        if len(ls) > 1 and (flush_split < 1 or split != 5):
-            raise ValueError(f"gdn_decode: a ninth number (flush rows' programs per value head, >= 1) is decode "
-                             f"plan 5's only, got {_OVERRIDES['gdn_decode']}; fix REPLAYSSM_CONFIG")
-        return GDNDecodeConfig(int(split), bv, warps, stages, fcols, bool(dot), bool(evict), loop_split, flush_split)
-    return _GDN_DECODE_DEFAULT
+    split, bv, warps, stages, fcols, dot, evict, *ls = _OVERRIDES["gdn_decode"]
+    loop_split = int(ls[0]) if ls else 1
+    flush_split = int(ls[1]) if len(ls) > 1 else 0
+    if loop_split < 1 or (loop_split != 1 and split != 5):
+        raise ValueError(f"gdn_decode: an eighth number (loop split >= 1) is decode plan 5's only, got "
+                         f"{_OVERRIDES['gdn_decode']}; fix REPLAYSSM_CONFIG")
+    if len(ls) > 1 and (flush_split < 1 or split != 5):
+        raise ValueError(f"gdn_decode: a ninth number (flush rows' programs per value head, >= 1) is decode "
+                         f"plan 5's only, got {_OVERRIDES['gdn_decode']}; fix REPLAYSSM_CONFIG")
+    return GDNDecodeConfig(int(split), bv, warps, stages, fcols, bool(dot), bool(evict), loop_split, flush_split)
 
 
 _env_overrides()
