@@ -478,6 +478,28 @@ def wave_timing(reqs: list[dict], concurrency: int) -> dict:
                 client_lag_max_s=max(max(s - e for s, e in zip(sends, ends)), 0.0))
 
 
+def output_digest(ids: list[int]) -> str:
+    """A short digest of a request's output token ids (equal ids, equal digest)."""
+    return hashlib.blake2b(json.dumps(ids, separators=(",", ":")).encode(), digest_size=8).hexdigest()
+
+
+def greedy_agreement(cases: dict, reference: str = "stock") -> list[str]:
+    """For every side with a case at the same concurrency as `reference`'s (cases: side -> {C: case}),
+    on how many requests its output digests equal the reference's, request by request (both sides
+    send the same prompts in the same order; requests without a digest on either side are not
+    counted)."""
+    out = []
+    for side in sorted(s for s in cases if s != reference):
+        for c, case in sorted(cases[side].items()):
+            ref = (cases.get(reference) or {}).get(c)
+            a, b = (case.get("output_digests") or []), ((ref or {}).get("output_digests") or [])
+            pairs = [(x, y) for x, y in zip(a, b) if x is not None and y is not None]
+            if pairs:
+                same = sum(x == y for x, y in pairs)
+                out.append(f"{side} C={c}: {same} of {len(pairs)} requests generated the same tokens as {reference}")
+    return out
+
+
 def request_timeline(reqs: list[dict]) -> list[list]:
     """[send s, TTFT s, latency s, output tokens] per request in send order (ms resolution), kept in
     the case record so that arrival stalls can be traced after the run."""
@@ -609,6 +631,11 @@ async def stream_generate(host: str, port: int, payload: dict) -> dict:
         # client's latency minus this is time the stream spent between that process and here.
         if isinstance(meta.get("e2e_latency"), (int, float)):
             rec["server_e2e_s"] = float(meta["e2e_latency"])
+        # SGLang's default (non-incremental) streaming ends with every output id: a digest of
+        # them lets the report compare the sides' greedy tokens request by request.
+        ids = final.get("output_ids")
+        if isinstance(ids, list) and len(ids) == rec["output_tokens"]:
+            rec["output_digest"] = output_digest(ids)
         fr = meta.get("finish_reason")
         rec["finish_reason"] = fr.get("type") if isinstance(fr, dict) else fr
         if rec["ttft_s"] is None:
@@ -920,6 +947,9 @@ def markdown_report(cases: list[dict], servers: list[dict], runs: list[dict]) ->
                     warn.append(f"{s} C={c}: above the server's admitted concurrency ({fit})")
         if warn:
             lines += ["Notes: " + "; ".join(warn), ""]
+        agree = greedy_agreement(group)
+        if agree:
+            lines += ["Greedy tokens, request by request: " + "; ".join(agree) + ".", ""]
         # The servers' own rates (log lines of the case): decode steps at C and large prefill batches
         # separately, since a side can win one and lose the other.
         srv_hdr = (["C"] + [f"{s} decode gen tok/s (log)" for s in sides]
@@ -1503,7 +1533,7 @@ def run_side(a, out: Path, model: dict, side: str, concs: list[int], end_time: f
                 _diag_touch(a.diag, "reset")  # the samplers start this case's window
             probe = host_probe_start()
             off = len(e2e._read(str(log_path)))
-            timeline = None
+            timeline = digests = None
             if a.client == "sglang":
                 outfile = out / "logs" / f"{cid}__sglang_client.jsonl"
                 ccmd = sglang_client_cmd(a.python, f"http://{a.host}:{port}", model["dir"], a.input_len,
@@ -1522,6 +1552,7 @@ def run_side(a, out: Path, model: dict, side: str, concs: list[int], end_time: f
                                      quiet=a.quiet)
                 metrics = {**summarize_requests(reqs, dur, c), **wave_timing(reqs, c)}
                 timeline = request_timeline(reqs)
+                digests = [r.get("output_digest") for r in reqs]  # prompt order (asyncio.gather keeps it)
                 reqs_failed = metrics["failed"]
                 err = None if reqs_failed == 0 else f"{reqs_failed}/{n} requests failed: {metrics['errors']}"
             if err and side == "upstream":
@@ -1542,7 +1573,7 @@ def run_side(a, out: Path, model: dict, side: str, concs: list[int], end_time: f
                 command=meta["command"], sglang_version=meta["sglang_version"], case_wall_s=time.time() - t_case,
                 diag=diag_dir, gpu_profile=gpu_prof, host=host, side_order=meta.get("side_order"),
                 # The case's part of the server log (character offsets), and the requests' timeline.
-                log_span=[off, off + len(log_slice)], timeline=timeline,
+                log_span=[off, off + len(log_slice)], timeline=timeline, output_digests=digests,
             )
             write_json(case_path(out, cid), rec)
             last_case_s = time.time() - t_case

@@ -1079,3 +1079,20 @@ def test_stream_generate_counts_the_stream(tmp_path):
     assert rec["ok"] and rec["error"] is None and rec["output_tokens"] == 3 and rec["finish_reason"] == "length"
     assert rec["stream_events"] == 3 and rec["stream_bytes"] == sum(len(p) for p in payloads[:-1])
     assert rec["server_e2e_s"] == pytest.approx(0.25)
+    assert rec["output_digest"] == bs.output_digest([0, 1, 2]) != bs.output_digest([0, 1, 3])
+
+
+def test_greedy_agreement_request_by_request():
+    d = bs.output_digest
+    stock = _case("stock", 4, 100.0)
+    ours = _case("ours", 4, 150.0)
+    up = _case("upstream", 4, 120.0)
+    stock["output_digests"] = [d([1, 2]), d([3, 4]), d([5, 6]), None]
+    ours["output_digests"] = [d([1, 2]), d([3, 9]), d([5, 6]), d([7, 8])]  # the 2nd differs; the 4th has no pair
+    up["output_digests"] = [d([1, 2]), d([3, 4])]                             # fewer requests: compared as far as both go
+    group = {"stock": {4: stock}, "ours": {4: ours}, "upstream": {4: up}}
+    assert bs.greedy_agreement(group) == ["ours C=4: 2 of 3 requests generated the same tokens as stock",
+                                          "upstream C=4: 2 of 2 requests generated the same tokens as stock"]
+    assert bs.greedy_agreement({"ours": {4: ours}}) == []  # no stock side: nothing to compare
+    md = bs.markdown_report([stock, ours], [], [])
+    assert "Greedy tokens, request by request: ours C=4: 2 of 3 requests generated the same tokens as stock." in md
