@@ -610,16 +610,20 @@ step_decode_prof() {
   # throughput); the profile starts PROF_DELAY_S (default 6) s into a rerun of that wave at output
   # 512, whose prefill chunks take ~2.5 s and its 512 decode steps ~9 s.
   # PROF_MODEL (default gdn), PROF_POOL_ARGS (default the H100-sized pools of session 33).
+  # PROF_TAG: a suffix for the bench folder, the packed file and the comparison (another server
+  # configuration on a warm machine, e.g. PROF_TAG=_incr with --incremental-streaming-output in
+  # PROF_POOL_ARGS: the cases are resumed by name, so without a new folder they would be reused).
   env_ready
-  local m=${PROF_MODEL:-gdn} d=/tmp/b_prof_${PROF_MODEL:-gdn}
+  local m=${PROF_MODEL:-gdn} t=${PROF_TAG:-}
+  local d=/tmp/b_prof_$m$t
   run "${BENCH[@]}" --model "$m" --study decode --only "${PROF_SIDES:-stock,ours}" --concurrency 256 --output-len 512 \
     --rounds 1 --gpu-profile-steps "${PROF_STEPS:-24}" --gpu-profile-delay "${PROF_DELAY_S:-6}" \
     --server-args="${PROF_POOL_ARGS:---disable-radix-cache --max-mamba-cache-size 300 --max-running-requests 256}" \
-    --out "$d" --pack "$OUT/decode_prof_$m.tgz" --time-budget $(( $(left) - 30 ))
+    --out "$d" --pack "$OUT/decode_prof_$m$t.tgz" --time-budget $(( $(left) - 30 ))
   if [ "$DRY" != 1 ]; then
     "$PY" scripts/diag/gpu_compare.py "$d"/cases/*__decode__stock__c256__*.json "$d"/cases/*__decode__ours__c256__*.json \
-      --top 25 >"$OUT/decode_prof_compare.txt" 2>&1 || true
-    cat "$OUT/decode_prof_compare.txt"
+      --top 25 >"$OUT/decode_prof_compare$t.txt" 2>&1 || true
+    cat "$OUT/decode_prof_compare$t.txt"
   fi
   # The same kernels in the kernel benchmark on this machine (batch 256, the default decode plan, both
   # checkpoint layouts: the servers run the split one),
