@@ -601,11 +601,10 @@ async def stream_generate(host: str, port: int, payload: dict) -> dict:
             rec["error"] = f"HTTP {status}: {text!r}"
             return rec
         last = None
-        events = nbytes = 0
+        nbytes = 0
         async for data in _sse_events(reader, headers):
             if data == b"[DONE]":
                 break
-            events += 1
             nbytes += len(data)
             if rec["ttft_s"] is None:
                 ev = json.loads(data)
@@ -616,7 +615,7 @@ async def stream_generate(host: str, port: int, payload: dict) -> dict:
                     rec["ttft_s"] = time.perf_counter() - t0
             last = data
         rec["latency_s"] = time.perf_counter() - t0
-        rec["stream_events"], rec["stream_bytes"] = events, nbytes
+        rec["stream_bytes"] = nbytes
         if last is None:
             rec["error"] = "no events in the stream"
             return rec
