@@ -1787,6 +1787,20 @@ def main(argv=None) -> int:
     with open(out / "runs.jsonl", "a") as fh:
         fh.write(json.dumps(meta) + "\n")
 
+    sides = DEFAULT_SIDES[a.study] if not a.only else tuple(s.strip() for s in a.only.split(",") if s.strip())
+    bad = [s for s in sides if s not in STUDY_SIDES[a.study]]
+    if bad:
+        print(f"error: --only {bad}: the {a.study} study has sides {list(STUDY_SIDES[a.study])}", file=sys.stderr)
+        return 2
+    if len(set(sides)) != len(sides):
+        print(f"error: --only {a.only}: a side is listed twice (one results folder holds one run of a side; "
+              f"use another --out for a repeat)", file=sys.stderr)
+        return 2
+    if "ours" in sides:  # the side that runs --mamba-backend replayssm
+        err = e2e.plugin_preflight(a.python, side_plugin_env(dict(os.environ), "ours"))
+        if err:
+            print(f"error: ours side: {err}", file=sys.stderr)
+            return 2
     model, err = _resolve_model(a, out, end_time)
     if err:
         print(f"error: {err}", file=sys.stderr)
@@ -1804,15 +1818,6 @@ def main(argv=None) -> int:
             return 2
     lo, hi = e2e.prompt_id_range(model["config"], e2e._tokenizer_size(Path(model["dir"])))
 
-    sides = DEFAULT_SIDES[a.study] if not a.only else tuple(s.strip() for s in a.only.split(",") if s.strip())
-    bad = [s for s in sides if s not in STUDY_SIDES[a.study]]
-    if bad:
-        print(f"error: --only {bad}: the {a.study} study has sides {list(STUDY_SIDES[a.study])}", file=sys.stderr)
-        return 2
-    if len(set(sides)) != len(sides):
-        print(f"error: --only {a.only}: a side is listed twice (one results folder holds one run of a side; "
-              f"use another --out for a repeat)", file=sys.stderr)
-        return 2
     meta["side_order"] = list(sides)
     total = dict(ok=0, failed=0, left=0)
     # The servers start in the --only order (one after the other on the same GPU and CPUs), so a

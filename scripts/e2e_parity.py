@@ -192,6 +192,39 @@ def server_env(base: dict, side: str, stock_with_plugins: bool = False) -> dict:
     return env
 
 
+PLUGIN_GROUP = "sglang.srt.plugins"
+PLUGIN_VALUE_PREFIX = "sglang_replayssm"
+_PLUGIN_PROBE = ("from importlib.metadata import entry_points\n"
+                 f"print(','.join(ep.name for ep in entry_points(group={PLUGIN_GROUP!r}) "
+                 f"if ep.value.startswith({PLUGIN_VALUE_PREFIX!r})))")
+
+
+def plugin_preflight(python: str, env: dict, backend: str = "replayssm") -> str | None:
+    """Whether a server started as `python -m sglang.launch_server --mamba-backend replayssm` with
+    `env` will load our plugin: None when it will, else what stops it and the fix.
+
+    Without the plugin's entry point SGLang rejects the flag only after its imports (about a minute
+    on the lent GPU, several after a first-use compile of another side), so the scripts ask first."""
+    try:
+        r = subprocess.run([python, "-c", _PLUGIN_PROBE], env=env, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"could not ask {python} for its {PLUGIN_GROUP} entry points: {type(e).__name__}: {e}"
+    if r.returncode != 0:
+        return (f"could not ask {python} for its {PLUGIN_GROUP} entry points (exit {r.returncode}): "
+                f"{r.stderr.strip()[-300:]}")
+    names = [n for n in r.stdout.strip().split(",") if n]
+    fix = ("pip install -e <this checkout> into that interpreter (on the lent GPU: run through "
+           "scripts/device_plan.sh, or `source scripts/device_e2e.sh install && install_plugin` first)")
+    if not names:
+        return (f"--mamba-backend {backend} needs the sglang-replayssm plugin, but {python} sees no "
+                f"{PLUGIN_GROUP} entry point for it, so SGLang would reject the flag. Fix: {fix}")
+    allowed = env.get("SGLANG_PLUGINS")
+    if allowed and not set(names) & {x.strip() for x in allowed.split(",")}:
+        return (f"SGLANG_PLUGINS={allowed!r} leaves out the plugin's entry point ({', '.join(names)}), so "
+                f"--mamba-backend {backend} would be rejected. Fix: unset SGLANG_PLUGINS or add {names[0]} to it")
+    return None
+
+
 def generate_payload(prompts: list[list[int]], max_new_tokens) -> dict:
     """One batched /generate request. `max_new_tokens`: one int for every prompt, or a list with
     one per prompt (SGLang takes a list of sampling params for a batch)."""
@@ -752,6 +785,13 @@ def main(argv=None) -> int:
         print(f"[e2e] {kind}: SGLang 0.5.17 leaves its radix-cache strategy unresolved; both servers get "
               f"{' '.join(radix_args)}", flush=True)
     sides_to_run = ["stock", "ours"] if a.only == "both" else [a.only]
+    for name in sides_to_run:
+        backend = a.stock_backend if name == "stock" else a.ours_backend
+        if backend == "replayssm":
+            err = plugin_preflight(a.python, server_env(env, name, a.stock_with_plugins), backend)
+            if err:
+                print(f"error: {name} side: {err}", file=sys.stderr)
+                return 2
     runs: dict[str, ServerRun] = {}
     try:
         for k, name in enumerate(sides_to_run):

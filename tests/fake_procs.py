@@ -64,12 +64,15 @@ FAKE_SERVER_PRELUDE = ("import json\nimport threading\nimport time\n"
 
 
 def fake_python(tmp_path: Path, server_source: str, name: str = "fake_server.py") -> str:
-    """Write `server_source` and an executable `fakepython` that runs it with any arguments;
-    returns the wrapper's path (pass it where a script takes `--python`)."""
+    """Write `server_source` and an executable `fakepython` that runs it with any arguments but
+    `-c CODE`; returns the wrapper's path (pass it where a script takes `--python`)."""
     server = tmp_path / name
     server.write_text(server_source)
     py = tmp_path / "fakepython"
-    py.write_text(f"#!/bin/sh\nexec {sys.executable} {server} \"$@\"\n")
+    # `-c CODE` (the scripts' questions to the interpreter: package versions, entry points) goes
+    # to the real interpreter; anything else starts the fake server.
+    py.write_text(f"#!/bin/sh\nif [ \"$1\" = -c ]; then exec {sys.executable} \"$@\"; fi\n"
+                  f"exec {sys.executable} {server} \"$@\"\n")
     py.chmod(py.stat().st_mode | stat.S_IEXEC)
     return str(py)
 
@@ -93,3 +96,14 @@ def assert_all_stopped(pidfile: Path, timeout_s: float = 10.0) -> None:
         if alive:
             time.sleep(0.2)
     assert not alive, f"processes still running: {alive}"
+
+
+def python_without_plugin(tmp_path: Path, server: Path | None = None) -> str:
+    """A `python`-like wrapper whose `-c CODE` runs isolated and without site-packages, so that no
+    installed distribution (our plugin's entry point included) is visible to it; anything else
+    starts `server` (a fake server's source) if given. Returns the wrapper's path."""
+    py = tmp_path / "python_without_plugin"
+    rest = f"exec {sys.executable} {server} \"$@\"\n" if server else "exit 2\n"
+    py.write_text(f"#!/bin/sh\nif [ \"$1\" = -c ]; then exec {sys.executable} -I -S \"$@\"; fi\n{rest}")
+    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    return str(py)

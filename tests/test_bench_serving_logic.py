@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_procs import FAKE_SERVER_PRELUDE, assert_all_stopped, fake_python
+from fake_procs import FAKE_SERVER_PRELUDE, assert_all_stopped, fake_python, python_without_plugin
 from script_loader import load_script
 
 bs = load_script("bench_serving")
@@ -632,7 +632,6 @@ def fake(tmp_path, monkeypatch):
         (d / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {f"t{i}": i for i in range(2048)}},
                                                       "added_tokens": [{"id": i} for i in range(5)]}))
         models[name] = str(d)
-    # package_version() calls the interpreter with -c: the fake does not handle that, so it says "unknown".
     return dict(py=py, models=models, pidfile=pidfile, out=tmp_path / "out")
 
 
@@ -1096,3 +1095,51 @@ def test_greedy_agreement_request_by_request():
     assert bs.greedy_agreement({"ours": {4: ours}}) == []  # no stock side: nothing to compare
     md = bs.markdown_report([stock, ours], [], [])
     assert "Greedy tokens, request by request: ours C=4: 2 of 3 requests generated the same tokens as stock." in md
+
+
+def test_ours_side_stops_before_any_server_without_the_plugin(fake, tmp_path, capsys):
+    """An interpreter that cannot load our plugin: the run stops before building or starting
+    anything when ours is on the list, and goes on without ours."""
+    py = python_without_plugin(tmp_path, tmp_path / "fake_server.py")
+    rc = _run(fake, "gdn", "--python", py, "--only", "stock,ours", concs="1")
+    assert rc == 2
+    assert "ours side: --mamba-backend replayssm needs the sglang-replayssm plugin" in capsys.readouterr().err
+    assert not fake["pidfile"].exists() and not (fake["out"] / "cases").exists()
+    assert _run(fake, "gdn", "--python", py, "--only", "stock", concs="1") == 0
+
+
+def test_spec_steps_keeps_only_clean_decode_steps(tmp_path):
+    """scripts/diag/spec_steps.py: steps found by their per-layer marker kernel; a step with a
+    prefill kernel, or with another count of markers, is left out of the per-step kernel time."""
+    spec = importlib.util.spec_from_file_location("spec_steps", Path(bs.__file__).parent / "diag" / "spec_steps.py")
+    ss = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ss)
+    ev, t = [], 0.0
+
+    def k(name, dur):
+        nonlocal t
+        ev.append(dict(ph="X", cat="kernel", name=name, ts=t, dur=dur))
+        t += dur + 1.0
+
+    plan = ["clean", "prefill", "clean", "short", "clean", "clean"]  # the last one has no end: dropped
+    for what in plan:
+        for _ in range(3 if what != "short" else 2):
+            k("_gdn_verify_fused_kernel", 10.0)
+            k("gemm", 5.0)
+        if what == "prefill":
+            k("chunk_gated_delta_rule_fwd_kernel_h", 100.0)
+        k("attn", 20.0)
+        t += 5000.0  # the host's gap between steps
+    path = tmp_path / "t.json.gz"
+    with gzip.open(path, "wt") as fh:
+        json.dump({"traceEvents": ev + [dict(ph="X", cat="cpu_op", name="x", ts=0, dur=1)]}, fh)
+    kern = ss.kernels(str(path))
+    assert ss.pick_marker(kern) == "_gdn_verify_fused_kernel"
+    steps = ss.decode_steps(kern, "_gdn_verify_fused_kernel", layers=3, gap_us=3000)
+    assert len(steps) == 3  # steps 0, 2 and 4
+    tot = ss.step_kernels(kern, steps)
+    assert tot == {"_gdn_verify_fused_kernel": 90.0, "gemm": 45.0, "attn": 60.0}
+    r = subprocess.run([sys.executable, str(Path(bs.__file__).parent / "diag" / "spec_steps.py"), str(path),
+                        "--layers", "3"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "3 clean decode steps" in r.stdout and "kernels 65 us" in r.stdout

@@ -3,12 +3,14 @@ orchestration (launch, readiness, /generate, process-group shutdown, checks, exi
 fake ``sglang.launch_server`` that speaks the same HTTP API and prints SGLang's log messages."""
 
 import json
+import os
 import socket
+import sys
 import time
 
 import pytest
 
-from fake_procs import FAKE_SERVER_PRELUDE, assert_all_stopped, fake_python
+from fake_procs import FAKE_SERVER_PRELUDE, assert_all_stopped, fake_python, python_without_plugin
 from script_loader import load_script
 
 e2e = load_script("e2e_parity")
@@ -535,3 +537,27 @@ def test_script_a_hung_first_server_leaves_the_later_side_its_reserve(fake, monk
     assert "kept for each later side" in res["sides"]["stock"]["error"], res["sides"]["stock"]["error"]
     assert res["sides"]["ours"]["served"], res["sides"]["ours"]
     assert_all_stopped(fake["pidfile"])
+
+
+def test_plugin_preflight(tmp_path, monkeypatch):
+    """The interpreter the servers run on must see our plugin's entry point (the test suite runs
+    from an install of this checkout); an interpreter without it, or SGLANG_PLUGINS leaving it
+    out, gets a message naming the flag and the fix."""
+    monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
+    env = dict(os.environ)
+    assert e2e.plugin_preflight(sys.executable, env) is None
+    assert e2e.plugin_preflight(sys.executable, {**env, "SGLANG_PLUGINS": "replayssm"}) is None
+    msg = e2e.plugin_preflight(sys.executable, {**env, "SGLANG_PLUGINS": "other_plugin"})
+    assert msg and "SGLANG_PLUGINS='other_plugin'" in msg and "replayssm" in msg
+    msg = e2e.plugin_preflight(python_without_plugin(tmp_path), env)
+    assert msg and "--mamba-backend replayssm" in msg and "pip install -e" in msg
+    msg = e2e.plugin_preflight(str(tmp_path / "no_such_python"), env)
+    assert msg and "could not ask" in msg
+
+
+def test_script_stops_before_any_server_without_the_plugin(fake, tmp_path, capsys):
+    py = python_without_plugin(tmp_path, tmp_path / "fake_server.py")
+    rc = e2e.main(["--model", fake["model"], "--python", py, "--out", str(fake["out"]), "--num-prompts", "2"])
+    assert rc == 2
+    assert "ours side: --mamba-backend replayssm needs the sglang-replayssm plugin" in capsys.readouterr().err
+    assert not fake["pidfile"].exists()  # no server was started, stock's included
