@@ -613,11 +613,13 @@ step_decode_prof() {
   # PROF_TAG: a suffix for the bench folder, the packed file and the comparison (another server
   # configuration on a warm machine, e.g. PROF_TAG=_incr with --incremental-streaming-output in
   # PROF_POOL_ARGS: the cases are resumed by name, so without a new folder they would be reused).
+  # PROF_ARGS: more bench_serving flags (word-split), e.g. "--attention-backend flashinfer" with
+  # PROF_TAG=_fi.
   env_ready
   local m=${PROF_MODEL:-gdn} t=${PROF_TAG:-}
   local d=/tmp/b_prof_$m$t
   run "${BENCH[@]}" --model "$m" --study decode --only "${PROF_SIDES:-stock,ours}" --concurrency 256 --output-len 512 \
-    --rounds 1 --gpu-profile-steps "${PROF_STEPS:-24}" --gpu-profile-delay "${PROF_DELAY_S:-6}" \
+    --rounds 1 --gpu-profile-steps "${PROF_STEPS:-24}" --gpu-profile-delay "${PROF_DELAY_S:-6}" ${PROF_ARGS:-} \
     --server-args="${PROF_POOL_ARGS:---disable-radix-cache --max-mamba-cache-size 300 --max-running-requests 256}" \
     --out "$d" --pack "$OUT/decode_prof_$m$t.tgz" --time-budget $(( $(left) - 30 ))
   if [ "$DRY" != 1 ]; then

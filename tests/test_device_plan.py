@@ -164,6 +164,20 @@ def test_spec_conc_and_args_reach_the_spec_command(tmp_path, monkeypatch):
     assert (a.concurrency, a.output_len, a.study) == ("256", 1024, "spec")
 
 
+def test_prof_args_and_tag_reach_the_decode_prof_command(tmp_path, monkeypatch):
+    """PROF_ARGS adds bench_serving flags to decode_prof (e.g. another attention backend) and
+    PROF_TAG moves its results to their own folder."""
+    for k in ("PROF_ARGS", "PROF_TAG", "PROF_SIDES", "PROF_POOL_ARGS"):
+        monkeypatch.delenv(k, raising=False)
+    (a,) = _serving_args(tmp_path, "decode_prof")
+    assert a.attention_backend is None and a.out == "/tmp/b_prof_gdn"
+    monkeypatch.setenv("PROF_ARGS", "--attention-backend flashinfer")
+    monkeypatch.setenv("PROF_TAG", "_fi")
+    (a,) = _serving_args(tmp_path, "decode_prof")
+    assert (a.attention_backend, a.out, a.concurrency, a.study) == ("flashinfer", "/tmp/b_prof_gdn_fi", "256", "decode")
+    assert a.pack.endswith("decode_prof_gdn_fi.tgz")
+
+
 def test_qwen35_4b_and_pool_knobs_reach_the_serving_commands(tmp_path, monkeypatch):
     """DECODE_MODELS=qwen35_4b and SPEC_MODEL=qwen35_4b run the dense Qwen3.5-4B look-alike with the
     gdn model's pools; DECODE_POOL_ARGS replaces a model's pool flags (an H100 does not hold 1300
