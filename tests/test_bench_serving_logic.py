@@ -1143,3 +1143,6 @@ def test_spec_steps_keeps_only_clean_decode_steps(tmp_path):
                         "--layers", "3"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "3 clean decode steps" in r.stdout and "kernels 65 us" in r.stdout
+    r = subprocess.run([sys.executable, str(Path(bs.__file__).parent / "diag" / "spec_steps.py"), str(path),
+                        "--layers", "3", "--prefill", "no_such_kernel"], capture_output=True, text=True)
+    assert r.returncode == 0 and "4 clean decode steps" in r.stdout  # the prefill step counts now

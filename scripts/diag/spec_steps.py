@@ -80,12 +80,15 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=36, help="SSM layers of the model (marker launches a step)")
     ap.add_argument("--marker", default=None, help="the kernel that runs once per SSM layer in a step")
     ap.add_argument("--gap-us", type=float, default=3000.0, help="marker launches further apart start a new step")
+    ap.add_argument("--prefill", default=",".join(PREFILL),
+                    help="comma-separated substrings of the kernel names that mark a prefill (default: %(default)s)")
     ap.add_argument("--top", type=int, default=14)
     a = ap.parse_args(argv)
+    prefill = tuple(p for p in a.prefill.split(",") if p)
     for path in a.traces:
         ev = kernels(path)
         marker = a.marker or pick_marker(ev)
-        steps = decode_steps(ev, marker, a.layers, a.gap_us)
+        steps = decode_steps(ev, marker, a.layers, a.gap_us, prefill)
         print(f"{path}\n  marker {marker}: {len(steps)} clean decode steps")
         if not steps:
             continue
