@@ -1796,11 +1796,13 @@ def main(argv=None) -> int:
         print(f"error: --only {a.only}: a side is listed twice (one results folder holds one run of a side; "
               f"use another --out for a repeat)", file=sys.stderr)
         return 2
-    if "ours" in sides:  # the side that runs --mamba-backend replayssm
-        err = e2e.plugin_preflight(a.python, side_plugin_env(dict(os.environ), "ours"))
-        if err:
-            print(f"error: ours side: {err}", file=sys.stderr)
-            return 2
+    for side in sides:  # a side whose server runs our backend needs the plugin's entry point
+        backend = side_server_args(side, a.study, a.ring_len)[0]
+        if backend == "replayssm":
+            err = e2e.plugin_preflight(a.python, side_plugin_env(os.environ, side), backend)
+            if err:
+                print(f"error: {side} side: {err}", file=sys.stderr)
+                return 2
     model, err = _resolve_model(a, out, end_time)
     if err:
         print(f"error: {err}", file=sys.stderr)
