@@ -4,7 +4,6 @@ and whole sweeps (launch, cases, resume, skip, failure, shutdown) against a fake
 
 import json
 import gzip
-import importlib.util
 import os
 import shlex
 import subprocess
@@ -830,8 +829,6 @@ def test_every_side_server_command_is_accepted_by_sglang(tmp_path, model, study,
 def test_diag_samples_each_case_window(fake, tmp_path):
     """--diag runs every server process under scripts/diag's stack sampler and keeps, per case, the
     samples of that case's window (the sampler's counters are reset after the warm-up)."""
-    import importlib.util
-
     diag = tmp_path / "diag_work"
     diag.mkdir()
     (diag / "99999999.json").write_text("{}")  # a dump left by a server that is gone
@@ -843,9 +840,7 @@ def test_diag_samples_each_case_window(fake, tmp_path):
     dumps = [json.loads(f.read_text()) for f in files]
     main = [t for d in dumps for name, t in d["threads"].items() if name == "MainThread"]
     assert main and all(t["samples"] < case["case_wall_s"] + 1.0 for t in main)  # a window, not the server life
-    spec = importlib.util.spec_from_file_location("diag_summarize", Path(bs.__file__).parent / "diag" / "summarize.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("diag/summarize")
     assert mod.scheduler_profile(Path(case["diag"])) is not None
     # process-wide counters over the same window: CPU, context switches, GC, affinity
     procs = [d["process"] for d in dumps]
@@ -996,9 +991,7 @@ def _synthetic_trace(path, gaps, extra=()):
 
 
 def test_trace_gaps_tells_uniform_slowdown_from_one_pause(tmp_path):
-    spec = importlib.util.spec_from_file_location("trace_gaps", Path(bs.__file__).parent / "diag" / "trace_gaps.py")
-    tg = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tg)
+    tg = load_script("diag/trace_gaps")
     n = 400
     _synthetic_trace(tmp_path / "a.json.gz", [50.0] * n)
     _synthetic_trace(tmp_path / "uniform.json.gz", [60.0] * n, extra=[(100, "only_b")])
@@ -1111,9 +1104,7 @@ def test_ours_side_stops_before_any_server_without_the_plugin(fake, tmp_path, ca
 def test_spec_steps_keeps_only_clean_decode_steps(tmp_path):
     """scripts/diag/spec_steps.py: steps found by their per-layer marker kernel; a step with a
     prefill kernel, or with another count of markers, is left out of the per-step kernel time."""
-    spec = importlib.util.spec_from_file_location("spec_steps", Path(bs.__file__).parent / "diag" / "spec_steps.py")
-    ss = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ss)
+    ss = load_script("diag/spec_steps")
     ev, t = [], 0.0
 
     def k(name, dur):
