@@ -457,6 +457,10 @@ def summarize_requests(reqs: list[dict], duration_s: float, concurrency: int) ->
 
 STREAM_LAG_NOTE_MS = 500.0  # a client that saw requests end later than this after the server gets a note
 WAVE_SPREAD_NOTE_S = 0.25  # a second wave sent over longer than this gets a note in the report
+# A server whose main process (HTTP server + tokenizer manager: one Python event loop that handles
+# every output batch) was busier than this share of a case gets a note: session 41 measured both
+# sides capped near the same rate on a host where it ran at 80-85 % (docs/serving.md).
+MAIN_BUSY_NOTE = 0.8
 
 
 def wave_timing(reqs: list[dict], concurrency: int) -> dict:
@@ -941,6 +945,12 @@ def markdown_report(cases: list[dict], servers: list[dict], runs: list[dict]) ->
                     warn.append(f"{s} C={c}: the client saw requests end up to {lag / 1e3:.2f} s after the server "
                                 f"did (median {m['median_stream_lag_ms'] / 1e3:.2f} s; {_f(m.get('stream_mb'))} MB "
                                 f"streamed): the host's streaming, not the GPU, set the end of this case")
+                busy = main_busy(case.get("host"))
+                if busy is not None and busy >= MAIN_BUSY_NOTE:
+                    warn.append(f"{s} C={c}: the server's main process (HTTP server and tokenizer manager) was "
+                                f"busy {busy:.0%} of the case: SGLang's host output path may have capped this "
+                                f"side's rate; the same `--stream-interval N` on every server (--server-args) "
+                                f"lowers its work per token")
                 fit = (case.get("fit") or {}).get("fit")
                 if fit is not None and c > fit:
                     warn.append(f"{s} C={c}: above the server's admitted concurrency ({fit})")
@@ -978,14 +988,18 @@ def markdown_report(cases: list[dict], servers: list[dict], runs: list[dict]) ->
                 srv = h["server_top"][0] if h.get("server_top") else None
                 oth = h["other_top"][0] if h.get("other_top") else None
                 order = case.get("side_order")
+                busy = main_busy(h)
                 host_rows.append([s, str(c), " > ".join(order) if order else "-", _f(h["wall_s"], 1),
-                                  _f(h["server_cpu_s"], 2), f"{srv['comm']} {srv['cpu_s']:.2f}" if srv else "-",
+                                  _f(h["server_cpu_s"], 2),
+                                  f"{h['main_cpu_s']:.2f} ({busy:.0%})" if busy is not None else "-",
+                                  f"{srv['comm']} {srv['cpu_s']:.2f}" if srv else "-",
                                   f"{oth['comm']} {oth['cpu_s']:.2f}" if oth else "-",
                                   " ".join(f"{x:.1f}" for x in h.get("loadavg_before") or []) or "-"])
         if host_rows:
             lines.append("Host CPU over each timed case (from /proc; the run order is the order the servers ran):")
             lines.append("")
-            hdr = ["side", "C", "run order", "wall s", "server CPU s", "busiest server process, CPU s",
+            hdr = ["side", "C", "run order", "wall s", "server CPU s", "main process (HTTP, tokenizer) CPU s (busy)",
+                   "busiest server process, CPU s",
                    "busiest other process, CPU s", "load avg before"]
             lines.append("| " + " | ".join(hdr) + " |")
             lines.append("|" + "---|" * len(hdr))
@@ -1628,7 +1642,8 @@ def cpu_report(before: dict[int, dict], after: dict[int, dict], wall_s: float, s
                ticks_per_s: float, top: int = 5, client_pid: int | None = None) -> dict:
     """CPU seconds each process spent between two snapshots, split into the server's process group,
     this benchmark's own process (the load generator, `client_cpu_s`) and everything else (the
-    busiest `top` of the server's and of the others)."""
+    busiest `top` of the server's and of the others). `main_cpu_s`: the server group's leader (the
+    launched process), None without a server group."""
     rows = []
     for pid, st in after.items():
         prev = before.get(pid)
@@ -1639,10 +1654,20 @@ def cpu_report(before: dict[int, dict], after: dict[int, dict], wall_s: float, s
     server = [r for r in rows if r["server"]]
     client = [r for r in rows if not r["server"] and r["pid"] == client_pid]
     other = [r for r in rows if not r["server"] and r["pid"] != client_pid]
+    main = [r["cpu_s"] for r in server if r["pid"] == server_pgid]
     return dict(wall_s=round(wall_s, 3), server_cpu_s=round(sum(r["cpu_s"] for r in server), 3),
+                main_cpu_s=(main[0] if main else 0.0) if server_pgid is not None else None,
                 client_cpu_s=round(sum(r["cpu_s"] for r in client), 3),
                 other_cpu_s=round(sum(r["cpu_s"] for r in other), 3),
                 server_top=server[:top], other_top=other[:top])
+
+
+def main_busy(host: dict | None) -> float | None:
+    """Share of a case's wall time the server's main process (the launched one, which leads its process
+    group: SGLang's HTTP server and tokenizer manager) spent on a CPU; None when not recorded."""
+    if not host or host.get("main_cpu_s") is None or not host.get("wall_s"):
+        return None
+    return host["main_cpu_s"] / host["wall_s"]
 
 
 def host_probe_start() -> dict:
@@ -1677,6 +1702,7 @@ def host_line(rep: dict | None) -> str:
     oth = rep["other_top"][0] if rep["other_top"] else None
     return (f"host: server CPU {rep['server_cpu_s']:.1f} s in {rep['wall_s']:.1f} s"
             + (f" (busiest {srv['comm']} {srv['cpu_s']:.1f} s)" if srv else "")
+            + (f"; main process {rep['main_cpu_s']:.1f} s" if rep.get("main_cpu_s") is not None else "")
             + (f"; busiest other process {oth['comm']} (pid {oth['pid']}) {oth['cpu_s']:.1f} s" if oth else ""))
 
 

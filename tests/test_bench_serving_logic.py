@@ -970,6 +970,30 @@ def test_cpu_report_from_proc_stat_lines():
     assert [r["pid"] for r in rep["server_top"]] == [3, 2]
     assert [r["pid"] for r in rep["other_top"]] == [1]  # idle processes are left out
     assert "busiest other process a (pid 1) 3.0 s" in bs.host_line(rep)
+    assert rep["main_cpu_s"] == 0.0  # the group's leader (pid 7) is not among the processes
+    assert bs.cpu_report(before, after, 2.0, None, 100.0)["main_cpu_s"] is None
+    # the server's main process is the leader of its group: pid == pgid
+    before[7], after[7] = dict(comm="python3", pgid=7, ticks=10), dict(comm="python3", pgid=7, ticks=170)
+    rep = bs.cpu_report(before, after, wall_s=2.0, server_pgid=7, ticks_per_s=100.0)
+    assert rep["main_cpu_s"] == pytest.approx(1.6) and rep["server_cpu_s"] == pytest.approx(2.0)
+    assert bs.main_busy(rep) == pytest.approx(0.8) and "; main process 1.6 s" in bs.host_line(rep)
+
+
+def test_report_notes_a_busy_server_main_process():
+    """A side whose main process (HTTP server + tokenizer manager) ran >= MAIN_BUSY_NOTE of the case
+    gets a note naming --stream-interval; the host table shows each side's main-process CPU."""
+    cases = [_case("stock", 256, 100.0), _case("ours", 256, 110.0)]
+    top = [dict(pid=5, comm="sglang::schedul", cpu_s=10.0, server=True)]
+    cases[0]["host"] = dict(wall_s=10.0, server_cpu_s=20.0, main_cpu_s=7.9, server_top=top, other_top=[])
+    cases[1]["host"] = dict(wall_s=10.0, server_cpu_s=20.0, main_cpu_s=8.2, server_top=top, other_top=[])
+    md = bs.markdown_report(cases, [], [])
+    assert "ours C=256: the server's main process (HTTP server and tokenizer manager) was busy 82%" in md
+    assert "--stream-interval N" in md and "stock C=256: the server's main process" not in md
+    assert "| stock | 256 | - | 10.0 | 20.00 | 7.90 (79%) | sglang::schedul 10.00 |" in md
+    del cases[1]["host"]["main_cpu_s"]  # cases from before the column: no note, a dash
+    md = bs.markdown_report(cases, [], [])
+    assert "the server's main process" not in md
+    assert "| ours | 256 | - | 10.0 | 20.00 | - | sglang::schedul 10.00 |" in md
 
 
 def _synthetic_trace(path, gaps, extra=()):
