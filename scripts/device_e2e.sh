@@ -116,6 +116,22 @@ install_site_archive() {  # .site/site.tar.xz (scripts/device_site_pack.sh): bot
   touch "$marker" "$SITE/.installed_.whl" "$SITE/.installed_.whl2"
 }
 
+install_jit_cache() {
+  # .jitcache/jit_cache.tar.xz (written by `device_plan.sh jit_cache_pack` on an earlier machine and
+  # copied here): flashinfer's JIT-built modules (~/.cache/flashinfer, ~/.cache/tvm-ffi). Without them
+  # the first server with --attention-backend flashinfer builds them for ~250-280 s (session 41).
+  # Unpacked once per machine; flashinfer rebuilds any module whose sources no longer match.
+  local a="$REPO/.jitcache/jit_cache.tar.xz" dst
+  [ -f "$a" ] || return 0
+  dst=${JIT_CACHE_HOME:-${HOME:?}/.cache}
+  if [ -e "$dst/.replayssm_jit_cache" ]; then log ".jitcache already unpacked"; return 0; fi
+  log "unpacking .jitcache ($(du -sm "$a" | cut -f1) MiB) into $dst"
+  mkdir -p "$dst"
+  "$PY" -c "import sys, tarfile; tarfile.open(sys.argv[1], 'r:xz').extractall(sys.argv[2], filter='tar')" \
+    "$a" "$dst" || die "unpacking $a failed"
+  touch "$dst/.replayssm_jit_cache"
+}
+
 install_plugin() {
   # The plugin runs from the repo copy (PYTHONPATH); SGLang finds it through the
   # `sglang.srt.plugins` entry point, so write a minimal dist-info carrying pyproject's entry points.
@@ -148,6 +164,7 @@ EOF
 do_install() {
   setup_env
   install_site_archive
+  install_jit_cache
   install_folder .whl
   install_folder .whl2
   [ -d "$SITE/sglang" ] || die "sglang is not in $SITE after install (carry .site, or .whl then .whl2)"

@@ -70,6 +70,10 @@
 #   decode_prof    GDN decode at C=256, both sides, each with a GPU kernel profile of steady decode steps
 #                  (--gpu-profile-delay): where the served step saving falls short of the kernel's
 #   aime           AIME parity runner end to end on the tiny Qwen3-Next    [.aime_data .tiny]
+#   jit_cache_pack flashinfer's JIT builds on this machine (~/.cache/flashinfer, ~/.cache/tvm-ffi) as
+#                  $OUT/jit_cache.tar.xz; copy it here as .jitcache/jit_cache.tar.xz and carry
+#                  [".site", ".jitcache"]: `install` unpacks it, and a fresh machine's first
+#                  flashinfer server skips its ~250 s build. Run it last, after a flashinfer server
 #
 # Each step logs to $OUT/<step>.log, packs its result folder as $OUT/<step>.tgz (report.md beside
 # it) and prints its table last. PLAN_DEADLINE_S (default 570) bounds the whole command; steps
@@ -636,6 +640,16 @@ step_decode_prof() {
   fi
 }
 
+step_jit_cache_pack() {
+  local base=${JIT_CACHE_HOME:-${HOME:-/root}/.cache} have=()
+  for d in flashinfer tvm-ffi; do [ -d "$base/$d" ] && have+=("$d"); done
+  [ "$DRY" = 1 ] && [ ${#have[@]} -eq 0 ] && have=(flashinfer tvm-ffi)
+  if [ ${#have[@]} -eq 0 ]; then say "jit_cache_pack: nothing under $base (no flashinfer server ran here)"; return 1; fi
+  run "$PY" -c "import sys, tarfile; t = tarfile.open(sys.argv[1], 'w:xz'); [t.add(sys.argv[2] + '/' + d, arcname=d) for d in sys.argv[3:]]; t.close()" \
+    "$OUT/jit_cache.tar.xz" "$base" "${have[@]}" || return 1
+  [ "$DRY" = 1 ] || say "jit_cache_pack: ${have[*]} -> $(du -sm "$OUT/jit_cache.tar.xz" | cut -f1) MiB"
+}
+
 step_aime() {
   env_ready
   run "$PY" scripts/aime_parity.py --data-dir .aime_data --model .tiny/qwen3_next --years 2024 --limit 4 --n 2 \
@@ -643,7 +657,7 @@ step_aime() {
     --time-budget $(( $(left) - 30 ))
 }
 
-STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_order gdn_pdl gdn_prep gdn_plan4 gdn_vloop gdn_vsmall gdn_vtiers gdn_ring32 gdn_dflush gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 decode_prof aime)
+STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_order gdn_pdl gdn_prep gdn_plan4 gdn_vloop gdn_vsmall gdn_vtiers gdn_ring32 gdn_dflush gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 decode_prof aime jit_cache_pack)
 [ $# -gt 0 ] || { echo "usage: $0 STEP [STEP ...]; steps: ${STEPS[*]}" >&2; exit 2; }
 for s in "$@"; do
   [[ " ${STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s; steps: ${STEPS[*]}" >&2; exit 2; }

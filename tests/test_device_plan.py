@@ -15,7 +15,7 @@ from script_loader import ROOT, load_script
 
 STEPS = ["install", "kernels", "m2_profile", "m2_sweep", "gdn_profile", "gdn_kc", "gdn_rt", "gdn_shfl", "gdn_dot",
          "gdn_order", "gdn_pdl", "gdn_prep", "gdn_plan4", "gdn_vloop", "gdn_vsmall", "gdn_vtiers", "gdn_ring32", "gdn_dflush", "gdn_small", "gdn_sweep", "e2e320", "e2e_dispatch", "e2e_prefix", "spec_c1", "decode_c1", "spec_fit",
-         "spec_fit2", "decode_fixed", "spec256", "decode_prof", "aime"]
+         "spec_fit2", "decode_fixed", "spec256", "decode_prof", "aime", "jit_cache_pack"]
 CASE = re.compile(r"^(qwen3_next|nemotron_h)((:(nextn|ring|radix|nobuffer|retract|mixed))*)$")
 
 

@@ -30,7 +30,7 @@ def _wheel(path, pkg, version="0.1"):
 def _repo(tmp_path):
     repo = tmp_path / "repo"
     (repo / "scripts").mkdir(parents=True)
-    for s in ("device_site_pack.sh", "device_e2e.sh"):
+    for s in ("device_site_pack.sh", "device_e2e.sh", "device_plan.sh"):
         shutil.copy(ROOT / "scripts" / s, repo / "scripts" / s)
     (repo / ".whl").mkdir()
     (repo / ".whl2").mkdir()
@@ -84,3 +84,32 @@ def test_install_without_any_wheels_names_the_carry(tmp_path):
     r = _sh(repo, "device_e2e.sh", "install", SITE=str(tmp_path / "site"), OUT=str(tmp_path / "out"),
             E2E_WORK=str(tmp_path / "work"))
     assert r.returncode == 2 and "carry .site, or .whl then .whl2" in r.stderr
+
+
+def test_jit_cache_packed_on_one_machine_unpacks_on_the_next(tmp_path):
+    """`device_plan.sh jit_cache_pack` packs flashinfer's JIT builds; carried as .jitcache, `install`
+    unpacks them into the next machine's cache folder once, beside .site."""
+    repo = _repo(tmp_path)
+    assert _sh(repo, "device_site_pack.sh").returncode == 0
+    first = tmp_path / "machine1_cache"
+    r = _sh(repo, "device_plan.sh", "jit_cache_pack", JIT_CACHE_HOME=str(first), OUT=str(tmp_path / "out1"))
+    assert r.returncode == 1 and "nothing under" in r.stdout  # no flashinfer server ran there
+    (first / "flashinfer" / "0.6" / "90a" / "cached_ops" / "batch_prefill").mkdir(parents=True)
+    (first / "flashinfer" / "0.6" / "90a" / "cached_ops" / "batch_prefill" / "m.so").write_bytes(b"\x7fELF" * 64)
+    (first / "tvm-ffi" / "libs").mkdir(parents=True)
+    (first / "tvm-ffi" / "libs" / "t.so").write_bytes(b"tvm")
+    r = _sh(repo, "device_plan.sh", "jit_cache_pack", JIT_CACHE_HOME=str(first), OUT=str(tmp_path / "out1"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "jit_cache_pack: flashinfer tvm-ffi ->" in r.stdout
+    (repo / ".jitcache").mkdir()
+    shutil.copy(tmp_path / "out1" / "jit_cache.tar.xz", repo / ".jitcache" / "jit_cache.tar.xz")
+    second = tmp_path / "machine2_cache"
+    env = dict(SITE=str(tmp_path / "site"), OUT=str(tmp_path / "out2"), E2E_WORK=str(tmp_path / "work"),
+               JIT_CACHE_HOME=str(second))
+    r = _sh(repo, "device_e2e.sh", "install", **env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "unpacking .jitcache" in r.stdout and "install done" in r.stdout
+    assert (second / "flashinfer" / "0.6" / "90a" / "cached_ops" / "batch_prefill" / "m.so").read_bytes() == b"\x7fELF" * 64
+    assert (second / "tvm-ffi" / "libs" / "t.so").read_bytes() == b"tvm"
+    r = _sh(repo, "device_e2e.sh", "install", **env)
+    assert r.returncode == 0 and ".jitcache already unpacked" in r.stdout
