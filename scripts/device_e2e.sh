@@ -104,16 +104,23 @@ install_folder() {  # install_folder DIR: pip-install DIR/*.whl into $SITE once 
   touch "$marker"
 }
 
-install_site_archive() {  # .site/site.tar.xz (scripts/device_site_pack.sh): both wheel folders in one carry
-  local a="$REPO/.site/site.tar.xz" marker="$SITE/.installed_site"
-  [ -f "$a" ] || return 0
-  if [ -e "$marker" ]; then log ".site already unpacked"; return 0; fi
-  log "unpacking .site ($(du -sm "$a" | cut -f1) MiB)"
-  mkdir -p "$SITE"
+unpack_once() {  # unpack_once ARCHIVE DST MARKER: a carried .tar.xz into DST once per machine; 0 if unpacked now
+  local a=$1 dst=$2 marker=$3 name
+  name=$(basename "$(dirname "$a")")
+  [ -f "$a" ] || return 1
+  if [ -e "$marker" ]; then log "$name already unpacked"; return 1; fi
+  log "unpacking $name ($(du -sm "$a" | cut -f1) MiB) into $dst"
+  mkdir -p "$dst"
   "$PY" -c "import sys, tarfile; tarfile.open(sys.argv[1], 'r:xz').extractall(sys.argv[2], filter='tar')" \
-    "$a" "$SITE" || die "unpacking $a failed"
+    "$a" "$dst" || die "unpacking $a failed"
+  touch "$marker"
+}
+
+install_site_archive() {  # .site/site.tar.xz (scripts/device_site_pack.sh): both wheel folders in one carry
   # The folders it holds count as installed (a later .whl/.whl2 carry is not installed over it).
-  touch "$marker" "$SITE/.installed_.whl" "$SITE/.installed_.whl2"
+  if unpack_once "$REPO/.site/site.tar.xz" "$SITE" "$SITE/.installed_site"; then
+    touch "$SITE/.installed_.whl" "$SITE/.installed_.whl2"
+  fi
 }
 
 install_jit_cache() {
@@ -121,15 +128,9 @@ install_jit_cache() {
   # copied here): flashinfer's JIT-built modules (~/.cache/flashinfer, ~/.cache/tvm-ffi). Without them
   # the first server with --attention-backend flashinfer builds them for ~250-280 s (session 41).
   # Unpacked once per machine; flashinfer rebuilds any module whose sources no longer match.
-  local a="$REPO/.jitcache/jit_cache.tar.xz" dst
-  [ -f "$a" ] || return 0
-  dst=${JIT_CACHE_HOME:-${HOME:?}/.cache}
-  if [ -e "$dst/.replayssm_jit_cache" ]; then log ".jitcache already unpacked"; return 0; fi
-  log "unpacking .jitcache ($(du -sm "$a" | cut -f1) MiB) into $dst"
-  mkdir -p "$dst"
-  "$PY" -c "import sys, tarfile; tarfile.open(sys.argv[1], 'r:xz').extractall(sys.argv[2], filter='tar')" \
-    "$a" "$dst" || die "unpacking $a failed"
-  touch "$dst/.replayssm_jit_cache"
+  [ -f "$REPO/.jitcache/jit_cache.tar.xz" ] || return 0
+  local dst=${JIT_CACHE_HOME:-${HOME:?}/.cache}
+  unpack_once "$REPO/.jitcache/jit_cache.tar.xz" "$dst" "$dst/.replayssm_jit_cache" || true
 }
 
 install_plugin() {
