@@ -461,6 +461,7 @@ WAVE_SPREAD_NOTE_S = 0.25  # a second wave sent over longer than this gets a not
 # every output batch) was busier than this share of a case gets a note: session 41 measured both
 # sides capped near the same rate on a host where it ran at 80-85 % (docs/serving.md).
 MAIN_BUSY_NOTE = 0.8
+TOKENIZER_WORKER_COMM = "sglang::tokeni"  # the kernel keeps 15 characters of the process title
 
 
 def wave_timing(reqs: list[dict], concurrency: int) -> dict:
@@ -947,7 +948,9 @@ def markdown_report(cases: list[dict], servers: list[dict], runs: list[dict]) ->
                                 f"streamed): the host's streaming, not the GPU, set the end of this case")
                 busy = main_busy(case.get("host"))
                 if busy is not None and busy >= MAIN_BUSY_NOTE:
-                    warn.append(f"{s} C={c}: the server's main process (HTTP server and tokenizer manager) was "
+                    who = ("the server's busiest HTTP/tokenizer process" if case["host"].get("tokenizer_workers_cpu_s")
+                           else "the server's main process (HTTP server and tokenizer manager)")
+                    warn.append(f"{s} C={c}: {who} was "
                                 f"busy {busy:.0%} of the case: SGLang's host output path may have capped this "
                                 f"side's rate; the same `--stream-interval N` on every server (--server-args) "
                                 f"lowers its work per token")
@@ -991,14 +994,16 @@ def markdown_report(cases: list[dict], servers: list[dict], runs: list[dict]) ->
                 busy = main_busy(h)
                 host_rows.append([s, str(c), " > ".join(order) if order else "-", _f(h["wall_s"], 1),
                                   _f(h["server_cpu_s"], 2),
-                                  f"{h['main_cpu_s']:.2f} ({busy:.0%})" if busy is not None else "-",
+                                  (f"{h['main_cpu_s']:.2f}"
+                                   + "".join(f" / {x:.2f}" for x in h.get("tokenizer_workers_cpu_s") or [])
+                                   + f" ({busy:.0%})") if busy is not None else "-",
                                   f"{srv['comm']} {srv['cpu_s']:.2f}" if srv else "-",
                                   f"{oth['comm']} {oth['cpu_s']:.2f}" if oth else "-",
                                   " ".join(f"{x:.1f}" for x in h.get("loadavg_before") or []) or "-"])
         if host_rows:
             lines.append("Host CPU over each timed case (from /proc; the run order is the order the servers ran):")
             lines.append("")
-            hdr = ["side", "C", "run order", "wall s", "server CPU s", "main process (HTTP, tokenizer) CPU s (busy)",
+            hdr = ["side", "C", "run order", "wall s", "server CPU s", "main process (HTTP, tokenizer) [/ tokenizer workers] CPU s (busy)",
                    "busiest server process, CPU s",
                    "busiest other process, CPU s", "load avg before"]
             lines.append("| " + " | ".join(hdr) + " |")
@@ -1643,7 +1648,9 @@ def cpu_report(before: dict[int, dict], after: dict[int, dict], wall_s: float, s
     """CPU seconds each process spent between two snapshots, split into the server's process group,
     this benchmark's own process (the load generator, `client_cpu_s`) and everything else (the
     busiest `top` of the server's and of the others). `main_cpu_s`: the server group's leader (the
-    launched process), None without a server group."""
+    launched process), None without a server group. `tokenizer_workers_cpu_s`: with SGLang's
+    `--tokenizer-worker-num N > 1` the HTTP server and tokenizer manager run in N worker processes
+    of the group (process title `sglang::tokenizer_worker:<pid>`), busiest first."""
     rows = []
     for pid, st in after.items():
         prev = before.get(pid)
@@ -1655,8 +1662,10 @@ def cpu_report(before: dict[int, dict], after: dict[int, dict], wall_s: float, s
     client = [r for r in rows if not r["server"] and r["pid"] == client_pid]
     other = [r for r in rows if not r["server"] and r["pid"] != client_pid]
     main = [r["cpu_s"] for r in server if r["pid"] == server_pgid]
+    workers = [r["cpu_s"] for r in server if r["comm"].startswith(TOKENIZER_WORKER_COMM)]
     return dict(wall_s=round(wall_s, 3), server_cpu_s=round(sum(r["cpu_s"] for r in server), 3),
                 main_cpu_s=(main[0] if main else 0.0) if server_pgid is not None else None,
+                tokenizer_workers_cpu_s=workers,
                 client_cpu_s=round(sum(r["cpu_s"] for r in client), 3),
                 other_cpu_s=round(sum(r["cpu_s"] for r in other), 3),
                 server_top=server[:top], other_top=other[:top])
@@ -1664,10 +1673,11 @@ def cpu_report(before: dict[int, dict], after: dict[int, dict], wall_s: float, s
 
 def main_busy(host: dict | None) -> float | None:
     """Share of a case's wall time the server's main process (the launched one, which leads its process
-    group: SGLang's HTTP server and tokenizer manager) spent on a CPU; None when not recorded."""
+    group: SGLang's HTTP server and tokenizer manager) spent on a CPU, or its busiest tokenizer worker
+    where those serve HTTP instead (each is one Python event loop); None when not recorded."""
     if not host or host.get("main_cpu_s") is None or not host.get("wall_s"):
         return None
-    return host["main_cpu_s"] / host["wall_s"]
+    return max([host["main_cpu_s"], *(host.get("tokenizer_workers_cpu_s") or [])]) / host["wall_s"]
 
 
 def host_probe_start() -> dict:
@@ -1703,6 +1713,8 @@ def host_line(rep: dict | None) -> str:
     return (f"host: server CPU {rep['server_cpu_s']:.1f} s in {rep['wall_s']:.1f} s"
             + (f" (busiest {srv['comm']} {srv['cpu_s']:.1f} s)" if srv else "")
             + (f"; main process {rep['main_cpu_s']:.1f} s" if rep.get("main_cpu_s") is not None else "")
+            + (f"; tokenizer workers {' / '.join(f'{x:.1f}' for x in rep['tokenizer_workers_cpu_s'])} s"
+               if rep.get("tokenizer_workers_cpu_s") else "")
             + (f"; busiest other process {oth['comm']} (pid {oth['pid']}) {oth['cpu_s']:.1f} s" if oth else ""))
 
 

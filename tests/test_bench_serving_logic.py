@@ -977,6 +977,15 @@ def test_cpu_report_from_proc_stat_lines():
     rep = bs.cpu_report(before, after, wall_s=2.0, server_pgid=7, ticks_per_s=100.0)
     assert rep["main_cpu_s"] == pytest.approx(1.6) and rep["server_cpu_s"] == pytest.approx(2.0)
     assert bs.main_busy(rep) == pytest.approx(0.8) and "; main process 1.6 s" in bs.host_line(rep)
+    assert rep["tokenizer_workers_cpu_s"] == [] and "tokenizer workers" not in bs.host_line(rep)
+    # --tokenizer-worker-num 2: two workers of the group carry the HTTP load; the busiest one counts
+    for pid, ticks in ((8, 190), (9, 120)):
+        before[pid] = dict(comm="sglang::tokeni", pgid=7, ticks=0)
+        after[pid] = dict(comm="sglang::tokeni", pgid=7, ticks=ticks)
+    after[10] = dict(comm="sglang::tokeni", pgid=99, ticks=500)  # another server's worker: not ours
+    rep = bs.cpu_report(before, after, wall_s=2.0, server_pgid=7, ticks_per_s=100.0)
+    assert rep["tokenizer_workers_cpu_s"] == [pytest.approx(1.9), pytest.approx(1.2)]
+    assert bs.main_busy(rep) == pytest.approx(0.95) and "; tokenizer workers 1.9 / 1.2 s" in bs.host_line(rep)
 
 
 def test_report_notes_a_busy_server_main_process():
@@ -994,6 +1003,11 @@ def test_report_notes_a_busy_server_main_process():
     md = bs.markdown_report(cases, [], [])
     assert "the server's main process" not in md
     assert "| ours | 256 | - | 10.0 | 20.00 | - | sglang::schedul 10.00 |" in md
+    # tokenizer workers: the busiest of them is what the note weighs, and the cell lists them
+    cases[0]["host"].update(main_cpu_s=0.5, tokenizer_workers_cpu_s=[8.5, 3.0])
+    md = bs.markdown_report(cases, [], [])
+    assert "stock C=256: the server's busiest HTTP/tokenizer process was busy 85%" in md
+    assert "| stock | 256 | - | 10.0 | 20.00 | 0.50 / 8.50 / 3.00 (85%) |" in md
 
 
 def _synthetic_trace(path, gaps, extra=()):
