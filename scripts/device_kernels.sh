@@ -10,9 +10,12 @@
 # .whl is built by ../shared/devtools/sglang_device_wheels.sh (SGLang 0.5.17 for the baselines);
 # carry .site instead (scripts/device_site_pack.sh) to have the whole server set in the same call.
 # Writes $OUT/{kernel_tests.log, profile_gdn.log, bench.log, bench.json}; prints the tables last.
-# Parts: tests | gdntests (GDN only) | profile | bench | m2profile | pdlprobe (default: the first three; m2profile:
+# Parts: tests | gdntests (GDN only) | profile | bench | m2profile | pdlprobe | ncu (default: the first three; m2profile:
 # the Mamba-2 per-phase profile, $OUT/profile_m2.{log,json}; M2PROFILE_ARGS adds flags; pdlprobe:
-# scripts/pdl_probe.py, $OUT/pdl_probe.log, PDLPROBE_ARGS adds flags, PDLPROBE_TIMEOUT default 300 s).
+# scripts/pdl_probe.py, $OUT/pdl_probe.log, PDLPROBE_ARGS adds flags, PDLPROBE_TIMEOUT default 300 s; ncu:
+# Nsight Compute's full sections on the GDN decode at batch 256, ours and SGLang's packed decode
+# (scripts/ncu_gdn_decode.py; NCU_ARGS adds its flags, NCU_TIMEOUT default 300 s): $OUT/gdn_ncu.ncu-rep,
+# gdn_ncu_details.txt (every section, text), gdn_ncu_raw.csv and gdn_ncu_summary.md (a line per kernel)).
 # Env: GDNPROFILE_ARGS / GDNPROFILE_TIMEOUT (extra profile_gdn_phases.py flags, seconds; default 150),
 #      GDNTESTS_TIMEOUT (seconds for gdntests, default 240; session 16 ran them in 195 s),
 #      GDNTESTS_K (a pytest -k expression: a subset of the GDN kernel tests),
@@ -54,6 +57,21 @@ fi
 if has pdlprobe; then
   timeout "${PDLPROBE_TIMEOUT:-300}" python3 scripts/pdl_probe.py ${PDLPROBE_ARGS:-} > "$OUT/pdl_probe.log" 2>&1
   echo "pdlprobe rc=$?"; tail -25 "$OUT/pdl_probe.log"
+fi
+if has ncu; then
+  NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -n 1)
+  if [ -z "$NCU_BIN" ]; then
+    echo "ncu: not found (PATH, /opt/nvidia/nsight-compute)"
+  else
+    # --clock-control none: the clocks as they are (device README); the profiled region is the
+    # driver's cudaProfilerStart/Stop pair, after its warm-up launches.
+    timeout "${NCU_TIMEOUT:-300}" "$NCU_BIN" --clock-control none --profile-from-start off --set full -f \
+      -o "$OUT/gdn_ncu" python3 scripts/ncu_gdn_decode.py ${NCU_ARGS:-} > "$OUT/gdn_ncu.log" 2>&1
+    echo "ncu rc=$? ($(grep -c "^==PROF==" "$OUT/gdn_ncu.log") profiler lines)"; grep "^profiled" "$OUT/gdn_ncu.log" | cut -c1-400
+    "$NCU_BIN" --import "$OUT/gdn_ncu.ncu-rep" --page details > "$OUT/gdn_ncu_details.txt" 2>&1
+    "$NCU_BIN" --import "$OUT/gdn_ncu.ncu-rep" --page raw --csv > "$OUT/gdn_ncu_raw.csv" 2>&1
+    python3 scripts/ncu_gdn_decode.py --summarize "$OUT/gdn_ncu_raw.csv" 2>&1 | tee "$OUT/gdn_ncu_summary.md"
+  fi
 fi
 if has bench; then
   timeout "${BENCH_TIMEOUT:-540}" python3 scripts/bench_kernels.py --reps 12 --json "$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1

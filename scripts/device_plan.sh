@@ -70,6 +70,9 @@
 #   decode_prof    GDN decode at C=256, both sides, each with a GPU kernel profile of steady decode steps
 #                  (--gpu-profile-delay): where the served step saving falls short of the kernel's
 #   aime           AIME parity runner end to end on the tiny Qwen3-Next    [.aime_data .tiny]
+#   gdn_ncu        Nsight Compute on the GDN decode at batch 256 (scripts/ncu_gdn_decode.py): ours on
+#                  split checkpoints with staggered rows and SGLang's packed decode, every section; the
+#                  reports and a summary line per kernel (DRAM bandwidth, occupancy, registers)  [.site]
 #   jit_cache_pack flashinfer's JIT builds on this machine (~/.cache/flashinfer, ~/.cache/tvm-ffi) as
 #                  $OUT/jit_cache.tar.xz; copy it here as .jitcache/jit_cache.tar.xz and carry
 #                  [".site", ".jitcache"]: `install` unpacks it, and a fresh machine's first
@@ -640,6 +643,14 @@ step_decode_prof() {
   fi
 }
 
+step_gdn_ncu() {
+  # Session 42: the served GDN decode step saves less than the kernel's bytes allow. Ours on split
+  # checkpoints moves ~360 MB a layer at batch 256 in ~190 us (~1.9 TB/s), SGLang's packed decode
+  # ~1080 MB at ~3 TB/s (perf.md runs 18-19). No hardware counters have been read on it yet:
+  # where do ours' cycles go (memory latency, issue, occupancy)? NCU_ARGS: e.g. "--plan 3x16x1x3x8x0x1".
+  run env OUT="$OUT/gdn_ncu" NCU_TIMEOUT=$(( $(left) - 30 )) NCU_ARGS="${NCU_ARGS:-}" bash scripts/device_kernels.sh ncu
+}
+
 step_jit_cache_pack() {
   local base=${JIT_CACHE_HOME:-${HOME:-/root}/.cache} have=()
   for d in flashinfer tvm-ffi; do [ -d "$base/$d" ] && have+=("$d"); done
@@ -657,7 +668,7 @@ step_aime() {
     --time-budget $(( $(left) - 30 ))
 }
 
-STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_order gdn_pdl gdn_prep gdn_plan4 gdn_vloop gdn_vsmall gdn_vtiers gdn_ring32 gdn_dflush gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 decode_prof aime jit_cache_pack)
+STEPS=(install kernels m2_profile m2_sweep gdn_profile gdn_kc gdn_rt gdn_shfl gdn_dot gdn_order gdn_pdl gdn_prep gdn_plan4 gdn_vloop gdn_vsmall gdn_vtiers gdn_ring32 gdn_dflush gdn_small gdn_sweep e2e320 e2e_dispatch e2e_prefix spec_c1 decode_c1 spec_fit spec_fit2 decode_fixed spec256 decode_prof aime gdn_ncu jit_cache_pack)
 [ $# -gt 0 ] || { echo "usage: $0 STEP [STEP ...]; steps: ${STEPS[*]}" >&2; exit 2; }
 for s in "$@"; do
   [[ " ${STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s; steps: ${STEPS[*]}" >&2; exit 2; }
@@ -674,7 +685,7 @@ done
 for s in "$@"; do
   [ "$DRY" = 1 ] && continue
   echo "=== $s"
-  grep -hE "m2profile rc|^[a-z0-9x_]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+x$|RESULT|^\[(PASS|FAIL)\]|ours/stock|^ +[0-9]+ +[0-9]|kernel tests rc|bench rc|passed|verdict|VERDICT|^\| (stock|ours) \||^\| [0-9]+ \||^\*\*Mamba-2|conservative" "$OUT/$s.log" 2>/dev/null | tail -40
+  grep -hE "m2profile rc|ncu rc|^\| (kernel|_|fused)|^[a-z0-9x_]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+x$|RESULT|^\[(PASS|FAIL)\]|ours/stock|^ +[0-9]+ +[0-9]|kernel tests rc|bench rc|passed|verdict|VERDICT|^\| (stock|ours) \||^\| [0-9]+ \||^\*\*Mamba-2|conservative" "$OUT/$s.log" 2>/dev/null | tail -40
 done
 [ -f "$OUT/spec_c1_diag.txt" ] && grep -E "^== |process:" "$OUT/spec_c1_diag.txt"
 [ -f "$OUT/decode_c1_diag.txt" ] && grep -E "^== |^c1 |us of kernels per step" "$OUT/decode_c1_diag.txt"

@@ -15,7 +15,7 @@ from script_loader import ROOT, load_script
 
 STEPS = ["install", "kernels", "m2_profile", "m2_sweep", "gdn_profile", "gdn_kc", "gdn_rt", "gdn_shfl", "gdn_dot",
          "gdn_order", "gdn_pdl", "gdn_prep", "gdn_plan4", "gdn_vloop", "gdn_vsmall", "gdn_vtiers", "gdn_ring32", "gdn_dflush", "gdn_small", "gdn_sweep", "e2e320", "e2e_dispatch", "e2e_prefix", "spec_c1", "decode_c1", "spec_fit",
-         "spec_fit2", "decode_fixed", "spec256", "decode_prof", "aime", "jit_cache_pack"]
+         "spec_fit2", "decode_fixed", "spec256", "decode_prof", "aime", "gdn_ncu", "jit_cache_pack"]
 CASE = re.compile(r"^(qwen3_next|nemotron_h)((:(nextn|ring|radix|nobuffer|retract|mixed))*)$")
 
 
@@ -72,7 +72,7 @@ def test_every_step_command_parses(tmp_path, monkeypatch):
             aime.parse_args(cmd[cmd.index("scripts/aime_parity.py") + 1:])
             seen["aime"] += 1
         elif "scripts/device_kernels.sh" in cmd:
-            assert cmd[-1] in ("tests", "gdntests", "bench", "m2profile", "profile", "pdlprobe") and any(x.startswith("OUT=") for x in cmd), joined
+            assert cmd[-1] in ("tests", "gdntests", "bench", "m2profile", "profile", "pdlprobe", "ncu") and any(x.startswith("OUT=") for x in cmd), joined
             prof_args = [x[len("GDNPROFILE_ARGS="):] for x in cmd if x.startswith("GDNPROFILE_ARGS=")]
             if prof_args:  # parsed (and its plans checked) by the profiler's own parser
                 load_script("profile_gdn_phases").parse_args(["--batch", "256", "--ceiling", *shlex.split(prof_args[0])])
@@ -82,6 +82,8 @@ def test_every_step_command_parses(tmp_path, monkeypatch):
                     assert parse_plan(name, val) is not None, f"REPLAYSSM_CONFIG entry {item!r} in {joined}"
             for probe_args in (x[len("PDLPROBE_ARGS="):] for x in cmd if x.startswith("PDLPROBE_ARGS=")):
                 load_script("pdl_probe").parse_args(shlex.split(probe_args))
+            for ncu_args in (x[len("NCU_ARGS="):] for x in cmd if x.startswith("NCU_ARGS=")):
+                load_script("ncu_gdn_decode").parse_args(shlex.split(ncu_args))
             bench_args = [x[len("BENCH_ARGS="):] for x in cmd if x.startswith("BENCH_ARGS=")]
             if bench_args:
                 # bench_kernels parses its flags before it asks for a GPU: on the CPU a good command
@@ -100,7 +102,7 @@ def test_every_step_command_parses(tmp_path, monkeypatch):
             if driver:  # extra e2e_parity.py flags: parsed with the driver's own parser
                 e2e.parse_args(["--model", "m", *shlex.split(driver[0])])
             seen["e2e"] += 1
-    assert seen == {"bench": 9, "aime": 1, "e2e": 5, "fit": 3, "kernels": 56}, seen
+    assert seen == {"bench": 9, "aime": 1, "e2e": 5, "fit": 3, "kernels": 57}, seen
 
 
 def _serving_args(tmp_path, *steps):
@@ -176,6 +178,18 @@ def test_prof_args_and_tag_reach_the_decode_prof_command(tmp_path, monkeypatch):
     (a,) = _serving_args(tmp_path, "decode_prof")
     assert (a.attention_backend, a.out, a.concurrency, a.study) == ("flashinfer", "/tmp/b_prof_gdn_fi", "256", "decode")
     assert a.pack.endswith("decode_prof_gdn_fi.tgz")
+
+
+def test_ncu_args_reach_the_gdn_ncu_command(tmp_path, monkeypatch):
+    """gdn_ncu runs device_kernels.sh's ncu part with NCU_ARGS passed through (a plan to profile)."""
+    monkeypatch.setenv("NCU_ARGS", "--plan 3x16x1x3x8x0x1 --steps 8")
+    r = _dry(tmp_path, "gdn_ncu")
+    assert r.returncode == 0, r.stderr
+    (cmd,) = [c for c in _commands(r.stdout) if "scripts/device_kernels.sh" in c]
+    assert cmd[-1] == "ncu" and "NCU_ARGS=--plan 3x16x1x3x8x0x1 --steps 8" in cmd
+    a = load_script("ncu_gdn_decode").parse_args(shlex.split(cmd[cmd.index("NCU_ARGS=--plan 3x16x1x3x8x0x1 --steps 8")]
+                                                                [len("NCU_ARGS="):]))
+    assert (a.plan, a.steps, a.batch) == ("3x16x1x3x8x0x1", 8, 256)
 
 
 def test_qwen35_4b_and_pool_knobs_reach_the_serving_commands(tmp_path, monkeypatch):
