@@ -1003,8 +1003,8 @@ def markdown_report(cases: list[dict], servers: list[dict], runs: list[dict]) ->
         if host_rows:
             lines.append("Host CPU over each timed case (from /proc; the run order is the order the servers ran):")
             lines.append("")
-            hdr = ["side", "C", "run order", "wall s", "server CPU s", "main process (HTTP, tokenizer) [/ tokenizer workers] CPU s (busy)",
-                   "busiest server process, CPU s",
+            hdr = ["side", "C", "run order", "wall s", "server CPU s",
+                   "main process (HTTP, tokenizer) [/ tokenizer workers] CPU s (busy)", "busiest server process, CPU s",
                    "busiest other process, CPU s", "load avg before"]
             lines.append("| " + " | ".join(hdr) + " |")
             lines.append("|" + "---|" * len(hdr))

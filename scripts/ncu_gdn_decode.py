@@ -77,7 +77,8 @@ def launch(a) -> list[str]:
     slots = torch.arange(B, dtype=torch.int32, device=dev)
     mixed = randn(B, 2 * H * K + HV * V, dtype=act)
     av, bv = randn(B, HV, dtype=act), randn(B, HV, dtype=act)
-    q, k, v = mixed[:, : H * K].view(B, H, K), mixed[:, H * K: 2 * H * K].view(B, H, K), mixed[:, 2 * H * K:].view(B, HV, V)
+    q, k = mixed[:, : H * K].view(B, H, K), mixed[:, H * K: 2 * H * K].view(B, H, K)
+    v = mixed[:, 2 * H * K:].view(B, HV, V)
     rings = alloc_gdn_rings(1, B, H, HV, K, V, L, act, dev).layer(0)
     fill_rings_randn(rings, 0.1)
     origin = torch.zeros(B, dtype=torch.int32, device=dev)
@@ -187,7 +188,8 @@ def summary_table(summary: list[dict]) -> str:
     cols = ["launches", "us", "MB read", "MB written", "GB/s", "DRAM % peak", "occupancy %", "registers", "L2 hit %"]
     lines = ["| kernel | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
     for row in summary:
-        cells = [(f"{row[c]:.1f}" if isinstance(row[c], float) else str(row[c])) if c in row else "-" for c in cols]
+        cells = [("-" if c not in row else f"{row[c]:.0f}" if c == "registers"
+                  else f"{row[c]:.1f}" if isinstance(row[c], float) else str(row[c])) for c in cols]
         lines.append(f"| {row['kernel'][:60]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

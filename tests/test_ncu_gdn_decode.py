@@ -58,7 +58,7 @@ def test_summary_of_the_raw_page():
     assert ours["DRAM % peak"] == pytest.approx(62.5) and ours["registers"] == 128
     assert stock["GB/s"] == pytest.approx(1080 * 1e3 / 360.0) and "L2 hit %" not in stock
     table = ncu.summary_table(ncu.summarize(rows[start:]))
-    assert "| _gdn_decode_loop_kernel | 3 | 200.0 | 320.0 | 22.0 | 1710.0 | 62.5 | - | 128.0 | - |" in table
+    assert "| _gdn_decode_loop_kernel | 3 | 200.0 | 320.0 | 22.0 | 1710.0 | 62.5 | - | 128 | - |" in table
 
 
 def test_summarize_refuses_a_file_that_is_not_the_raw_page(tmp_path):
