@@ -37,7 +37,9 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--hv", type=int, default=32)
     p.add_argument("--ring-len", type=int, default=16)
-    p.add_argument("--steps", type=int, default=16, help="profiled launches of each decode (ours: one ring cycle)")
+    # With rows staggered every launch holds the same mix (1/L flush rows), so a few launches tell the
+    # story; each costs ncu tens of replay passes.
+    p.add_argument("--steps", type=int, default=4, help="profiled launches of each decode")
     p.add_argument("--plan", default=None, help="a gdn_decode entry of REPLAYSSM_CONFIG (default: the backend's)")
     p.add_argument("--no-stock", action="store_true", help="leave SGLang's packed decode out")
     p.add_argument("--summarize", metavar="CSV", help="summarise ncu's raw CSV page instead of launching")
