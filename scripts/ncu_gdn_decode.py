@@ -46,10 +46,12 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # tests: cpu + TRITON_INTERPRET
     p.add_argument("--dims", type=int, nargs=4, metavar=("H", "HV", "K", "V"), help=argparse.SUPPRESS)  # tests
     a = p.parse_args(argv)
+    a.plan_cfg = None
     if a.plan is not None:
         from replayssm_kernels.configs import parse_plan
 
-        if parse_plan("gdn_decode", a.plan) is None:
+        a.plan_cfg = parse_plan("gdn_decode", a.plan)
+        if a.plan_cfg is None:
             p.error(f"--plan: a gdn_decode entry of REPLAYSSM_CONFIG (x-separated numbers), got {a.plan!r}")
     return a
 
@@ -85,7 +87,9 @@ def launch(a) -> list[str]:
     fill_rings_randn(rings, 0.1)
     origin = torch.zeros(B, dtype=torch.int32, device=dev)
     spread = gdn_flush_spread()
-    snaps = [(wp, rf, decode_row_order(rf, spread) if spread >= 0 else None)
+    # (row_wp, row_flush, row order, flush rows) per ring position; the count is read here, not
+    # after each profiled launch (a device-to-host copy between launches)
+    snaps = [(wp, rf, decode_row_order(rf, spread) if spread >= 0 else None, int(rf.sum()))
              for wp, rf in (ph[0] for ph in staggered_snaps(B, L, 1, dev))]
     out = torch.empty(B, HV, V, device=dev, dtype=act)
     calls = []
@@ -100,12 +104,12 @@ def launch(a) -> list[str]:
 
     def ours(n):
         for j in range(n):
-            wp, rf, order = snaps[j % L]
+            wp, rf, order, nflush = snaps[j % L]
             gdn_replay_decode(q, k, v, av, bv, A_log, dt_bias, state, rings, slots, wp, rf, origin, out=out,
                               row_order=order, split_ckpt=True)
-            calls.append(f"ours decode, {int(rf.sum())} flush rows")
+            calls.append(f"ours decode, {nflush} flush rows")
 
-    plan = override("gdn_decode", tuple(int(x) for x in a.plan.split("x"))) if a.plan else contextlib.nullcontext()
+    plan = override("gdn_decode", a.plan_cfg) if a.plan_cfg else contextlib.nullcontext()
     cuda = dev.startswith("cuda")
     with plan:
         if not a.no_stock:
