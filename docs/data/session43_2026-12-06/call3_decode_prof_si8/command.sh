@@ -1,0 +1,1 @@
+PROF_TAG=_si8 PROF_BENCH_MIN_S=9999 PROF_POOL_ARGS="--disable-radix-cache --max-mamba-cache-size 300 --max-running-requests 256 --stream-interval 8" PLAN_DEADLINE_S=560 bash scripts/device_plan.sh decode_prof   # carry [".site"], warm machine after call 2
