@@ -16,9 +16,11 @@ activations, ring length 16) and, between `cudaProfilerStart` and `cudaProfilerS
    (row r at ring position (r + step) % L: each launch holds a 1/L share of flush rows), with the
    row order the backend uses (`configs.gdn_flush_spread`).
 
-Both run once before the profiled region, so Triton's compiles and autotuning stay out of it.
+Both run once before the profiled region, so Triton's compiles and autotuning stay out of it; the
+conversion to the split layout runs between two profiled regions, outside both.
 `--summarize` turns ncu's raw CSV page into one line per kernel name: launches, median duration,
-DRAM bytes and bandwidth, DRAM % of peak, achieved occupancy, registers, L2 hit rate.
+DRAM bytes and bandwidth, DRAM % of peak, achieved occupancy, registers, L2 hit rate, warp
+instructions issued (millions) and the share of cycles in which a scheduler issued one.
 """
 
 from __future__ import annotations
@@ -56,8 +58,10 @@ def parse_args(argv=None):
     return a
 
 
-def launch(a) -> list[str]:
-    """Run the launches (module docstring); returns the names of the decode calls, in order."""
+def launch(a, calls: list | None = None) -> list[str]:
+    """Run the launches (module docstring); returns the names of the decode calls in order, with
+    `PROFILE_ON` / `PROFILE_OFF` where a profiled region starts and stops (appended to `calls`
+    when given, after the warm-up's entries are cleared from it)."""
     import contextlib
 
     import torch
@@ -92,7 +96,16 @@ def launch(a) -> list[str]:
     snaps = [(wp, rf, decode_row_order(rf, spread) if spread >= 0 else None, int(rf.sum()))
              for wp, rf in (ph[0] for ph in staggered_snaps(B, L, 1, dev))]
     out = torch.empty(B, HV, V, device=dev, dtype=act)
-    calls = []
+    calls = [] if calls is None else calls
+    cuda = dev.startswith("cuda")
+
+    def profiling(on: bool):
+        # ncu (--profile-from-start off) profiles the kernels between start and stop only; the
+        # markers stay in `calls` so that the order can be checked without a GPU.
+        if cuda:
+            torch.cuda.synchronize()
+            (torch.cuda.profiler.start if on else torch.cuda.profiler.stop)()
+        calls.append(PROFILE_ON if on else PROFILE_OFF)
 
     def stock(n):
         from sglang.kernels.ops.attention.fla.fused_recurrent import fused_recurrent_gated_delta_rule_packed_decode
@@ -110,7 +123,6 @@ def launch(a) -> list[str]:
             calls.append(f"ours decode, {nflush} flush rows")
 
     plan = override("gdn_decode", a.plan_cfg) if a.plan_cfg else contextlib.nullcontext()
-    cuda = dev.startswith("cuda")
     with plan:
         if not a.no_stock:
             stock(1)
@@ -118,28 +130,32 @@ def launch(a) -> list[str]:
         ours(L)  # every ring position once: each compiled variant is built before the profiled region
         split_ckpt_convert(state, None, False)
         calls.clear()
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.profiler.start()
         if not a.no_stock:
+            profiling(True)
             stock(a.steps)
-        split_ckpt_convert(state, None, True)
+            profiling(False)
+        split_ckpt_convert(state, None, True)  # outside the profiled region (session 43's run had it inside)
+        profiling(True)
         ours(a.steps)
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.profiler.stop()
+        profiling(False)
     return calls
 
 
-# ncu's raw page: metric name -> (column in the summary, scale to the summary's unit)
+PROFILE_ON, PROFILE_OFF = "[profiler start]", "[profiler stop]"
+
+# ncu's raw page: the summary's columns, each from the first of its metric names the page has
+# (Nsight Compute 2025.3 names the DRAM share `gpu__dram_throughput`, older ones `dram__throughput`)
 _METRICS = {
-    "gpu__time_duration.sum": "us",
-    "dram__bytes_read.sum": "MB read",
-    "dram__bytes_write.sum": "MB written",
-    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "DRAM % peak",
-    "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy %",
-    "launch__registers_per_thread": "registers",
-    "lts__t_sector_hit_rate.pct": "L2 hit %",
+    "us": ("gpu__time_duration.sum",),
+    "MB read": ("dram__bytes_read.sum",),
+    "MB written": ("dram__bytes_write.sum",),
+    "DRAM % peak": ("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+                    "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+    "occupancy %": ("sm__warps_active.avg.pct_of_peak_sustained_active",),
+    "registers": ("launch__registers_per_thread",),
+    "L2 hit %": ("lts__t_sector_hit_rate.pct",),
+    "M inst issued": ("smsp__inst_issued.sum",),
+    "issue active %": ("smsp__issue_active.avg.pct_of_peak_sustained_active",),
 }
 _TO_BASE = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "usecond": 1.0, "nsecond": 1e-3, "msecond": 1e3,
             "byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3, "KB": 1e-3, "MB": 1.0, "GB": 1e3}
@@ -165,8 +181,8 @@ def summarize(rows: list[list[str]]) -> list[dict]:
         if len(r) != len(header):
             continue
         vals = {}
-        for metric, label in _METRICS.items():
-            i = col.get(metric)
+        for label, names in _METRICS.items():
+            i = next((col[m] for m in names if m in col), None)
             x = _number(r[i]) if i is not None else None
             if x is None:
                 continue
@@ -175,12 +191,14 @@ def summarize(rows: list[list[str]]) -> list[dict]:
                 if unit not in _TO_BASE:
                     continue
                 x *= _TO_BASE[unit]
+            elif label == "M inst issued":
+                x *= 1e-6
             vals[label] = x
         per.setdefault(r[col["Kernel Name"]], []).append(vals)
     out = []
     for name, launches in per.items():
         row = {"kernel": name, "launches": len(launches)}
-        for label in _METRICS.values():
+        for label in _METRICS:
             xs = [v[label] for v in launches if label in v]
             if xs:
                 row[label] = statistics.median(xs)
@@ -191,7 +209,8 @@ def summarize(rows: list[list[str]]) -> list[dict]:
 
 
 def summary_table(summary: list[dict]) -> str:
-    cols = ["launches", "us", "MB read", "MB written", "GB/s", "DRAM % peak", "occupancy %", "registers", "L2 hit %"]
+    cols = ["launches", "us", "MB read", "MB written", "GB/s", "DRAM % peak", "occupancy %", "registers", "L2 hit %",
+            "M inst issued", "issue active %"]
     lines = ["| kernel | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
     for row in summary:
         cells = [("-" if c not in row else f"{row[c]:.0f}" if c == "registers"
@@ -212,7 +231,8 @@ def main(argv=None):
         print(summary_table(summarize(rows[start:])))
         return
     calls = launch(a)
-    print(f"profiled {len(calls)} decode calls at batch {a.batch}: " + "; ".join(calls), flush=True)
+    decodes = [c for c in calls if c not in (PROFILE_ON, PROFILE_OFF)]
+    print(f"profiled {len(decodes)} decode calls at batch {a.batch}: " + "; ".join(calls), flush=True)
 
 
 if __name__ == "__main__":
