@@ -270,10 +270,14 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
             # before the timing, as the backend makes it once per batch outside the graph.
             spread, orders = gdn_flush_spread(), {}
 
-            def add_orders(snap_sets):
+            def add_orders(snap_sets):  # (row order, flush index) per snapshot, as the backend's
                 for per_set in snap_sets:
                     for _, rf in per_set:
-                        orders[id(rf)] = decode_row_order(rf, spread) if spread >= 0 else None
+                        if spread < 0:
+                            orders[id(rf)] = (None, None)
+                            continue
+                        findex = torch.empty(2 * rf.shape[0], dtype=torch.int32, device=rf.device)
+                        orders[id(rf)] = (decode_row_order(rf, spread, flush_index=findex), findex)
             add_orders(snaps)
 
             layout = {"split": False}
@@ -282,9 +286,10 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
                 for j in range(L):
                     for i in range(sets):
                         q, k, v = split(mixed[i])
+                        order, findex = orders[id(snaps[j][i][1])]
                         gdn_replay_decode(q, k, v, av[i], bv[i], A_log, dt_bias, state, rings, slots[i],
-                                          snaps[j][i][0], snaps[j][i][1], origin, out=o2,
-                                          row_order=orders[id(snaps[j][i][1])], split_ckpt=layout["split"])
+                                          snaps[j][i][0], snaps[j][i][1], origin, out=o2, row_order=order,
+                                          split_ckpt=layout["split"], flush_index=findex)
             for cfg in DECODE_CONFIGS:
                 with override("gdn_decode", cfg):
                     row["decode_ours_us_" + "x".join(map(str, cfg))] = time_graph(ours_decode, sets * L, reps)

@@ -170,11 +170,14 @@ class GDNHarness(_RingHarness):
         """q, k `[batch, H, K]`; v `[batch, HV, V]`; a, b `[batch, HV]` -> o `[batch, HV, V]`."""
         rings = self._rings_for(k.dtype)
         row_wp, row_flush = self._decode_plan(force_flush)
-        # the launch's row order, as the backend makes it (scheduling only)
-        order = decode_row_order(row_flush, self._flush_spread) if self._flush_spread >= 0 else None
+        # the launch's row order and flush index, as the backend makes them (scheduling only)
+        order = findex = None
+        if self._flush_spread >= 0:
+            findex = torch.empty(2 * row_flush.shape[0], dtype=torch.int32, device=row_flush.device)
+            order = decode_row_order(row_flush, self._flush_spread, flush_index=findex)
         return gdn_replay_decode(q, k, v, a, b, self.A_log, self.dt_bias, self._state[0], rings.layer(0),
                                  self.slot_idx, row_wp, row_flush, self.origin, row_order=order,
-                                 split_ckpt=self.split_ckpt)
+                                 split_ckpt=self.split_ckpt, flush_index=findex)
 
     def verify(self, q, k, v, a, b) -> torch.Tensor:
         """The same with a draft axis after batch -> o `[batch, T', HV, V]`."""

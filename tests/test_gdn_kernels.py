@@ -124,6 +124,9 @@ def test_gdn_decode(B, H, HV, K, V, L, dtype, steps, device, assert_within_basel
     # on 3 (one tile each, the last partial) and the rest on 2.
     pytest.param((5, 16, 1, 3, 8, 0, 1, 1, 8), (128, 128, 16), id="plan5-flushsplit8-K128"),
     pytest.param((5, 16, 1, 2, 16, 0, 1, 2, 3), (48, 40, 4), id="plan5-split2-flushsplit3-K48"),
+    # ... with a flush capacity (the harness passes the flush index as the backend does): one of the
+    # two rows gets the extra programs, a second flush row in the same step runs on its own two.
+    pytest.param((5, 16, 1, 2, 16, 0, 1, 2, 3, 25), (48, 40, 4), id="plan5-split2-flushsplit3-cap25-K48"),
 ])
 def test_gdn_decode_launch_variants(cfg, shape, device, assert_within_baseline):
     """Every launch plan of configs.GDNDecodeConfig keeps the committed state bit-exact."""
@@ -359,6 +362,15 @@ def test_gdn_loop_split_config(monkeypatch):
     for bad in ((5, 16, 1, 2, 8, 0, 1, 1, 0), (3, 16, 1, 2, 8, 0, 1, 1, 8)):
         with override("gdn_decode", bad), pytest.raises(ValueError, match="ninth"):
             gdn_decode_config(128, 128)
+    # A tenth number: the flush capacity (0..100 % of the rows; only above the loop split).
+    assert configs.parse_plan("gdn_decode", "5x16x1x3x8x0x1x1x8x25") == (5, 16, 1, 3, 8, 0, 1, 1, 8, 25)
+    with override("gdn_decode", (5, 16, 1, 3, 8, 0, 1, 1, 8, 25)):
+        cfg = gdn_decode_config(128, 128)
+        assert (cfg.flush_split, cfg.flush_cap) == (8, 25) and cfg.key() == "5x16x1x3x8x0x1x1x8x25"
+    assert gdn_decode_config(128, 128, rows=256).flush_cap == 0  # off by default until timed on a GPU
+    for bad in ((5, 16, 1, 2, 8, 0, 1, 1, 8, 101), (5, 16, 1, 2, 8, 0, 1, 2, 2, 25)):
+        with override("gdn_decode", bad), pytest.raises(ValueError, match="tenth"):
+            gdn_decode_config(128, 128)
     # (V, BV, split) -> programs: 8 tiles in 1..8 shares, none empty; more than the tiles -> one each.
     assert [loop_programs(128, 16, n) for n in (1, 2, 3, 4, 5, 6, 7, 8, 9, 64)] == [1, 2, 3, 4, 4, 4, 4, 8, 8, 8]
     assert loop_programs(40, 16, 2) == 2 and loop_programs(40, 16, 3) == 3 and loop_programs(16, 16, 8) == 1
@@ -562,8 +574,14 @@ def test_decode_row_order_is_a_flush_early_permutation(B, p_flush, device):
     flush = (torch.rand(B, generator=gen) < p_flush).to(torch.int32)
     flush[:1] = 1 if p_flush == 1.0 else flush[:1]
     nf, nn = int(flush.sum()), B - int(flush.sum())
+    # the flush index of the same launch: flush rows in batch order (-1 after), each row's flush rank
+    want_list = flush.nonzero().flatten().tolist() + [-1] * nn
+    want_rank = (torch.cumsum(flush, 0) - 1).where(flush != 0, torch.tensor(-1)).tolist()
     for spread in (0, 25, 50, 100):
-        order = decode_row_order(flush.to(device), spread).cpu()
+        index = torch.full((2 * B,), 7, dtype=torch.int32, device=device)
+        order = decode_row_order(flush.to(device), spread, flush_index=index).cpu()
+        assert index[:B].tolist() == want_list and index[B:].tolist() == want_rank, f"spread {spread}"
+        assert torch.equal(decode_row_order(flush.to(device), spread).cpu(), order)
         assert sorted(order.tolist()) == list(range(B)), f"not a permutation at spread {spread}"
         taken = flush[order.long()]
         pos = taken.nonzero().flatten().tolist()
@@ -576,6 +594,60 @@ def test_decode_row_order_is_a_flush_early_permutation(B, p_flush, device):
             assert pos[-1] - (nf - 1) <= -(-(nf - 1) * nn * spread // (nf * 100))
     with pytest.raises(ValueError, match="spread"):
         decode_row_order(flush.to(device), 101)
+    with pytest.raises(ValueError, match="flush_index"):
+        decode_row_order(flush.to(device), 0, flush_index=torch.empty(B, dtype=torch.int32, device=device))
+
+
+def test_gdn_decode_flush_capacity_changes_no_bit(device):
+    """Decode plan 5 with a flush capacity (the tenth number): the extra programs of the flush split
+    for only that share of the rows, the flush rows past it on their own program. Outputs,
+    checkpoints and rings torch.equal to the plan without it, at capacities that cover every flush
+    row, leave one or two past it, or cover one; a flush index that names no flush row leaves the
+    extra programs' value rows of the covered flush rows unwritten, so the launch does take its
+    rows from it."""
+    from replayssm_kernels.configs import gdn_decode_config, override
+
+    gen = torch.Generator().manual_seed(43)
+    B, H, HV, K, V, L, S = 6, 1, 2, 32, 64, 4, 8
+    A_log, dt_bias, state, rings = _direct_setup(device, gen, B=B, H=H, HV=HV, K=K, V=V, L=L, S=S)
+    slot = torch.tensor([5, 0, 2, 7, 3, 1], dtype=torch.int32, device=device)
+    origin = torch.tensor([1, 3, 0, 2, 1, 0, 3, 2], dtype=torch.int32, device=device)
+    row_wp = torch.tensor([3, 0, 3, 3, 1, 2], dtype=torch.int32, device=device)
+    row_flush = (row_wp == L - 1).to(torch.int32)  # rows 0, 2, 3
+    q, k, v, a, b = (x[:, 0] for x in _inputs(B, 1, H, HV, K, V, bf16, device, gen))
+
+    def run(plan, index=None, spread=50):
+        st = state.clone()
+        r2 = alloc_gdn_rings(1, S, H, HV, K, V, L, bf16, device, raw_keys=rings.has_raw_keys)
+        for t0, t1 in zip(r2.tensors(), rings.tensors()):
+            t0.copy_(t1)
+        out = torch.full((B, HV, V), float("nan"), dtype=bf16, device=device)
+        order = decode_row_order(row_flush, spread)
+        with override("gdn_decode", plan):
+            gdn_replay_decode(q, k, v, a, b, A_log, dt_bias, st[0], r2.layer(0), slot, row_wp, row_flush, origin,
+                              out=out, row_order=order, flush_index=index)
+        return out, st, r2.tensors()
+
+    base = (5, 16, 1, 3, 8, 0, 1, 1, 4)  # 4 tiles: flush rows on 4 programs, the rest on 1
+    out0, st0, rg0 = run(base)
+    assert not torch.isnan(out0).any()
+    for cap in (100, 50, 34, 17, 1):  # 6, 3, 3, 2, 1 rows with the extra programs (3 flush rows)
+        with override("gdn_decode", base + (cap,)):
+            assert gdn_decode_config(K, V).flush_cap == cap
+        for spread in (0, 75):
+            index = torch.empty(2 * B, dtype=torch.int32, device=device)
+            decode_row_order(row_flush, spread, flush_index=index)
+            out1, st1, rg1 = run(base + (cap,), index, spread)
+            assert torch.equal(out1, out0) and torch.equal(st1, st0), f"capacity {cap}, spread {spread}"
+            assert all(torch.equal(t0, t1) for t0, t1 in zip(rg0, rg1)), f"capacity {cap}, spread {spread}"
+    # ranks say "covered" but the rank -> row half names no row: tiles 1..3 of every flush row unwritten
+    index = torch.empty(2 * B, dtype=torch.int32, device=device)
+    decode_row_order(row_flush, 0, flush_index=index)
+    index[:B] = -1
+    out_bad, _, _ = run(base + (100,), index)
+    fl = row_flush.bool()
+    assert torch.isnan(out_bad[fl][..., 16:]).all() and not torch.isnan(out_bad[fl][..., :16]).any()
+    assert not torch.isnan(out_bad[~fl]).any()
 
 
 def test_gdn_decode_row_order_changes_no_bit(device):

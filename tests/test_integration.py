@@ -205,7 +205,9 @@ def test_small_gdn_decode_batches_run_sglang_kernel_on_folded_checkpoints():
 def test_gdn_ring_decode_batches_carry_a_flush_early_row_order():
     """A GDN ring decode batch gets the state launch's row order (configs.gdn_flush_spread) beside
     its cursor snapshots: the flush rows first at spread 0, in the captured static buffer under
-    CUDA graphs (the identity while capturing), none for stock-mode decode, Mamba-2 or spread -1."""
+    CUDA graphs (the identity while capturing), none for stock-mode decode, Mamba-2 or spread -1; the
+    flush index of the same launch beside it (flush rows in batch order, each row's flush rank), in
+    its own captured buffer (no flush row while capturing)."""
     from replayssm_kernels.configs import gdn_flush_spread, override
 
     assert gdn_flush_spread() == 75
@@ -217,25 +219,28 @@ def test_gdn_ring_decode_batches_carry_a_flush_early_row_order():
         pool.replayssm_wpos[0] = 3  # row 1 flushes this step
         st.prepare(decode, slots, graph=False, in_capture=False)
         assert st.row_flush.tolist() == [0, 1, 0] and st.row_order.tolist() == [1, 0, 2]
+        assert st.flush_index.tolist() == [1, -1, -1, -1, 0, -1]
         st.init_graph_buffers(4)
         st.prepare(decode, slots, graph=True, in_capture=True)
-        captured = st.row_order.data_ptr()
-        assert st.row_order.tolist() == [0, 1, 2]
+        captured, captured_index = st.row_order.data_ptr(), st.flush_index.data_ptr()
+        assert st.row_order.tolist() == [0, 1, 2] and st.flush_index.tolist() == [-1] * 6
         pool.replayssm_wpos[3] = 3  # row 2 flushes
         st._graph_track_mask[3] = None
         st.prepare(decode, slots, graph=True, in_capture=False)
         assert st.row_order.data_ptr() == captured, "the order must stay in the captured buffer"
+        assert st.flush_index.data_ptr() == captured_index, "the flush index must stay in its captured buffer"
         assert st.row_flush.tolist() == [0, 0, 1] and st.row_order.tolist() == [2, 0, 1]
+        assert st.flush_index.tolist() == [2, -1, -1, -1, -1, 0]
         st.prepare(SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY), slots, graph=False, in_capture=False)
-        assert st.row_order is None
+        assert st.row_order is None and st.flush_index is None
     with override("gdn_ring_min_batch", (1,)), override("gdn_flush_spread", (-1,)):
         st = ReplaySSMBatchState(build_pool("gdn", gdn_params(), size=4, ring_len=4), "cpu")
         st.prepare(decode, slots, graph=False, in_capture=False)
-        assert st.row_wp is not None and st.row_order is None
+        assert st.row_wp is not None and st.row_order is None and st.flush_index is None
     m2 = ReplaySSMBatchState(build_pool("mamba2", mamba2_params(4, 16, 2, 16, layers=(0,)), size=4, ring_len=4),
                              "cpu")
     m2.prepare(decode, slots, graph=False, in_capture=False)
-    assert m2.row_flush is not None and m2.row_order is None
+    assert m2.row_flush is not None and m2.row_order is None and m2.flush_index is None
 
 
 def test_diag_flush_logs_every_nth_ring_decode_batch(monkeypatch, caplog):

@@ -120,6 +120,10 @@ class ReplaySSMBatchState:
         self.flush_phase = pool.replayssm_family == "gdn" and gdn_flush_phase()
         self._decode_steps = 0
         self.row_order: Optional[torch.Tensor] = None
+        # With the row order, the flush index of the same launch (cursors.decode_row_order), read
+        # by decode plans with a flush capacity (configs.GDNDecodeConfig.flush_cap).
+        self.flush_index: Optional[torch.Tensor] = None
+        self._static_findex: Optional[torch.Tensor] = None
         self._static_wp: Optional[torch.Tensor] = None
         self._static_flush: Optional[torch.Tensor] = None
         self._static_order: Optional[torch.Tensor] = None
@@ -168,6 +172,7 @@ class ReplaySSMBatchState:
         self._static_flush = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
         if self.flush_spread >= 0:
             self._static_order = torch.arange(max_bs, dtype=torch.int32, device=self.device)
+            self._static_findex = torch.full((2 * max_bs,), -1, dtype=torch.int32, device=self.device)
 
     def exact_rows(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Snapshots that make `n` rows run the exact (flush) path on an empty ring: used for the
@@ -195,7 +200,7 @@ class ReplaySSMBatchState:
                 if not in_capture:
                     # SGLang's kernel reads and writes fp32 checkpoints (no-op unless split).
                     self.pool.replayssm_set_ckpt_layout(False)
-                self.row_wp = self.row_flush = self.row_order = None
+                self.row_wp = self.row_flush = self.row_order = self.flush_index = None
                 return
             if not in_capture:
                 self._rings_dirty = True
@@ -205,10 +210,12 @@ class ReplaySSMBatchState:
                     raise RuntimeError("ReplaySSM: CUDA-graph buffers not initialised for this batch size")
                 row_wp, row_flush = self._static_wp[:bs], self._static_flush[:bs]
                 row_order = self._static_order[:bs] if self.flush_spread >= 0 else None
+                findex = self._static_findex[:2 * bs] if self.flush_spread >= 0 else None
             else:
                 row_wp = torch.empty(bs, dtype=torch.int32, device=self.device)
                 row_flush = torch.empty(bs, dtype=torch.int32, device=self.device)
                 row_order = torch.empty(bs, dtype=torch.int32, device=self.device) if self.flush_spread >= 0 else None
+                findex = torch.empty(2 * bs, dtype=torch.int32, device=self.device) if self.flush_spread >= 0 else None
             if in_capture:
                 # Capture runs on dummy rows: never touch the real cursors. The captured batch's
                 # track mask is the static buffer the captured track copy reads at every replay.
@@ -217,6 +224,7 @@ class ReplaySSMBatchState:
                 row_flush.zero_()
                 if row_order is not None:
                     torch.arange(bs, out=row_order)
+                    findex.fill_(-1)
             else:
                 if graph:
                     if bs not in self._graph_track_mask:
@@ -239,21 +247,21 @@ class ReplaySSMBatchState:
                 )
                 self._decode_steps += 1
                 if row_order is not None:
-                    decode_row_order(row_flush, self.flush_spread, row_order=row_order)
+                    decode_row_order(row_flush, self.flush_spread, row_order=row_order, flush_index=findex)
                 if self._diag_every:
                     self._diag_batches += 1
                     if self._diag_batches % self._diag_every == 0:
                         self._log_rows(slots, row_wp, row_flush)
-            self.row_wp, self.row_flush, self.row_order = row_wp, row_flush, row_order
+            self.row_wp, self.row_flush, self.row_order, self.flush_index = row_wp, row_flush, row_order, findex
         elif mode.is_target_verify():
             if not in_capture:
                 self._rings_dirty = True
                 self._ring_layout()
-            self.row_wp = self.row_flush = self.row_order = None
+            self.row_wp = self.row_flush = self.row_order = self.flush_index = None
         elif mode.is_extend(include_draft_extend_v2=True) and not mode.is_draft_extend_v2():
             if not in_capture:
                 self.materialize(slots)
-            self.row_wp = self.row_flush = self.row_order = None
+            self.row_wp = self.row_flush = self.row_order = self.flush_index = None
 
     def _ring_layout(self) -> None:
         """The ring kernels run on split checkpoints where the pool uses them: switch the whole

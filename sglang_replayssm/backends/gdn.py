@@ -65,6 +65,7 @@ class ReplaySSMGDNAttnBackend(ReplaySSMMetadataMixin, GDNAttnBackend):
             q, k, v, a.reshape(bs, HV), b.reshape(bs, HV), layer.A_log, layer.dt_bias, ssm_states, rings,
             cache_indices, self._rssm.row_wp, self._rssm.row_flush, self._rssm.pool.replayssm_origin,
             scale=K ** -0.5, row_order=self._rssm.row_order, split_ckpt=self._rssm.split_ckpt,
+            flush_index=self._rssm.flush_index,
         )
         self._track_mamba_state_decode(forward_batch, conv_states, ssm_states, cache_indices, layer.layer_id)
         return out

@@ -17,7 +17,7 @@ _OVERRIDES: dict[str, tuple[int, int, int]] = {}
 
 
 # name -> accepted numbers of `x`-separated integers
-_OVERRIDE_ARITY = {"gdn_decode": (7, 8, 9), "gdn_verify": (3, 4, 5), "gdn_verify_wide_from": (1,), "gdn_verify_large_from": (1,), "gdn_fold_cols": (1,),
+_OVERRIDE_ARITY = {"gdn_decode": (7, 8, 9, 10), "gdn_verify": (3, 4, 5), "gdn_verify_wide_from": (1,), "gdn_verify_large_from": (1,), "gdn_fold_cols": (1,),
                    "gdn_ring_min_batch": (1,),
                    "mamba2_ring_min_batch": (1,), "mamba2_decode": (4,),
                    "mamba2_decode_tile": (3,), "mamba2_verify_tile": (3,), "mamba2_chunk_min_batch": (1,),
@@ -198,6 +198,13 @@ class GDNDecodeConfig:
         (the eighth number of a `gdn_decode` plan; 1 when absent); `flush_split` programs per
         value head of a flush row instead (the ninth number; 0 when absent = `loop_split`), so
         that a flush row's exact path is spread over more programs than a non-flush row needs.
+        `flush_cap` (the tenth number; 0 when absent): the grid holds the extra `flush_split -
+        loop_split` programs per value head for only about `flush_cap`% of the rows (at least one;
+        rounded to whole groups of rows), each flush rank's beside its group of rows' own programs
+        (`gdn/verify_loop.py`), instead of for every row (a non-flush row's extra programs exit at
+        once: 53,760 of the 65,536 programs of a launch at batch 256, HV 32, perf.md session 43).
+        A flush row past the capacity runs on its own `loop_split` programs. Needs the flush index
+        of `cursors.decode_row_order` (without it the plan runs its full grid).
     flush_cols: V columns replayed at a time by the exact (flush) path (divides 32).
     use_dot: non-flush products on tensor cores (tf32x3) instead of warp reductions.
     evict_first: stream the checkpoint through L2 on non-flush rows.
@@ -212,13 +219,16 @@ class GDNDecodeConfig:
     evict_first: bool = False
     loop_split: int = 1
     flush_split: int = 0
+    flush_cap: int = 0
 
     def key(self) -> str:
         """The `REPLAYSSM_CONFIG` / benchmark spelling, e.g. `2x16x1x3x32x0x1` (an eighth number only
-        for a loop split other than 1, a ninth for a flush split)."""
+        for a loop split other than 1, a ninth for a flush split, a tenth for a flush capacity)."""
         nums = (self.split, self.block_v, self.num_warps, self.num_stages, self.flush_cols, self.use_dot,
                 self.evict_first)
-        if self.flush_split:
+        if self.flush_cap:
+            nums += (self.loop_split, self.flush_split, self.flush_cap)
+        elif self.flush_split:
             nums += (self.loop_split, self.flush_split)
         elif self.loop_split != 1:
             nums += (self.loop_split,)
@@ -272,13 +282,18 @@ def gdn_decode_config(K: int, V: int, rows: Optional[int] = None, split_ckpt: bo
     split, bv, warps, stages, fcols, dot, evict, *ls = _OVERRIDES["gdn_decode"]
     loop_split = int(ls[0]) if ls else 1
     flush_split = int(ls[1]) if len(ls) > 1 else 0
+    flush_cap = int(ls[2]) if len(ls) > 2 else 0
     if loop_split < 1 or (loop_split != 1 and split != 5):
         raise ValueError(f"gdn_decode: an eighth number (loop split >= 1) is decode plan 5's only, got "
                          f"{_OVERRIDES['gdn_decode']}; fix REPLAYSSM_CONFIG")
     if len(ls) > 1 and (flush_split < 1 or split != 5):
         raise ValueError(f"gdn_decode: a ninth number (flush rows' programs per value head, >= 1) is decode "
                          f"plan 5's only, got {_OVERRIDES['gdn_decode']}; fix REPLAYSSM_CONFIG")
-    return GDNDecodeConfig(int(split), bv, warps, stages, fcols, bool(dot), bool(evict), loop_split, flush_split)
+    if len(ls) > 2 and not (0 <= flush_cap <= 100 and (flush_cap == 0 or flush_split > loop_split)):
+        raise ValueError(f"gdn_decode: a tenth number (flush capacity, 0..100 % of the rows) needs a flush split "
+                         f"above the loop split, got {_OVERRIDES['gdn_decode']}; fix REPLAYSSM_CONFIG")
+    return GDNDecodeConfig(int(split), bv, warps, stages, fcols, bool(dot), bool(evict), loop_split, flush_split,
+                           flush_cap)
 
 
 _env_overrides()

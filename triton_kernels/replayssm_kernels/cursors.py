@@ -389,7 +389,8 @@ def pending_fold_plan(
 
 
 @triton.jit
-def _decode_row_order_kernel(row_flush, row_order, B, SPREAD: tl.constexpr, BLOCK: tl.constexpr):
+def _decode_row_order_kernel(row_flush, row_order, flush_index, B, SPREAD: tl.constexpr, BLOCK: tl.constexpr,
+                             INDEX: tl.constexpr):
     # One program. Flush rank i goes before non-flush rank j iff i * nnf * SPREAD <= j * nf * 100,
     # so the two ranked sequences merge in closed form (each position = own rank + how many of the
     # other kind precede it); the positions are a permutation of 0..B-1.
@@ -414,9 +415,15 @@ def _decode_row_order_kernel(row_flush, row_order, B, SPREAD: tl.constexpr, BLOC
         pos_n = rank_n + tl.minimum(nf, (rank_n * nf * 100) // den_n + 1)
     pos = tl.where(f, pos_f, pos_n)
     tl.store(row_order + pos, o_r.to(tl.int32), mask=m_r)
+    if INDEX:
+        # [0, B): flush rank -> row (-1 past the flush rows); [B, 2B): row -> flush rank (-1)
+        tl.store(flush_index + rank_f, o_r.to(tl.int32), mask=f)
+        tl.store(flush_index + nf + rank_n, tl.full([BLOCK], -1, tl.int32), mask=m_r & ~f)
+        tl.store(flush_index + B + o_r, tl.where(f, rank_f, -1).to(tl.int32), mask=m_r)
 
 
-def decode_row_order(row_flush: torch.Tensor, spread: int, row_order: Optional[torch.Tensor] = None) -> torch.Tensor:
+def decode_row_order(row_flush: torch.Tensor, spread: int, row_order: Optional[torch.Tensor] = None,
+                     flush_index: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The order in which a GDN decode launch takes its rows: flush rows (long exact replays) early,
     so that they do not form the launch's tail, and interleaved with the non-flush rows (memory
     reads) so that both kinds share the SMs.
@@ -426,6 +433,10 @@ def decode_row_order(row_flush: torch.Tensor, spread: int, row_order: Optional[t
         spread (int): 0..100, the share of the order (percent, from the front) over which the flush
             rows are spread evenly; 0 puts them all first, 100 spreads them over the whole batch.
         row_order (torch.Tensor, optional): `[B]` int32 output.
+        flush_index (torch.Tensor, optional): `[2B]` int32 output, written in the same launch:
+            `[0, B)` the flush rows in batch order (entry i = the row of flush rank i; -1 past the
+            last), `[B, 2B)` each row's flush rank (-1 for a non-flush row). Decode plans with a
+            flush capacity (`configs.GDNDecodeConfig.flush_cap`) read it.
 
     Returns:
         `[B]` int32, a permutation of the rows. It changes scheduling only, never a result: every
@@ -441,8 +452,12 @@ def decode_row_order(row_flush: torch.Tensor, spread: int, row_order: Optional[t
     if B > _ORDER_MAX_ROWS:
         raise ValueError(f"decode_row_order handles up to {_ORDER_MAX_ROWS} rows in one program, got {B}")
     assert row_flush.is_contiguous() and row_order.is_contiguous() and row_order.dtype == torch.int32
-    _decode_row_order_kernel[(1,)](row_flush, row_order, B, SPREAD=spread,
-                                   BLOCK=max(16, triton.next_power_of_2(B)), num_warps=4)
+    if flush_index is not None and (flush_index.shape != (2 * B,) or flush_index.dtype != torch.int32
+                                    or not flush_index.is_contiguous()):
+        raise ValueError(f"flush_index must be a contiguous [2 * B] = [{2 * B}] int32 tensor")
+    _decode_row_order_kernel[(1,)](row_flush, row_order, row_order if flush_index is None else flush_index, B,
+                                   SPREAD=spread, BLOCK=max(16, triton.next_power_of_2(B)), num_warps=4,
+                                   INDEX=flush_index is not None)
     return row_order
 
 

@@ -197,6 +197,7 @@ def gdn_replay_decode(
     out: Optional[torch.Tensor] = None,
     row_order: Optional[torch.Tensor] = None,
     split_ckpt: bool = False,
+    flush_index: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """One GDN decode step for every row.
 
@@ -218,6 +219,9 @@ def gdn_replay_decode(
         split_ckpt (bool): the checkpoints are in the split layout (`gdn/ckpt.py`): flush rows
             read and write them exactly; with bf16 activations the other rows read only their
             `hi` planes (the bf16 value of each element) for their outputs.
+        flush_index (torch.Tensor, optional): `[2B]` int32 from `cursors.decode_row_order` (the
+            same call as `row_order`, which it needs): a decode plan with a flush capacity
+            (`flush_cap`) sizes its grid with it; other plans ignore it. Scheduling only.
 
     Returns:
         `[B, HV, V]` outputs in the dtype of `q`.
@@ -246,6 +250,10 @@ def gdn_replay_decode(
     if row_order is not None and (row_order.shape != (B,) or row_order.dtype != torch.int32
                                   or not row_order.is_contiguous()):
         raise ValueError("row_order must be a contiguous [B] int32 tensor (cursors.decode_row_order)")
+    if flush_index is not None and (row_order is None or flush_index.shape != (2 * B,)
+                                    or flush_index.dtype != torch.int32 or not flush_index.is_contiguous()):
+        raise ValueError("flush_index must be a contiguous [2B] int32 tensor from the decode_row_order call that "
+                         "made row_order")
     if B == 0:
         return out
     BK = triton.next_power_of_2(K)
@@ -288,19 +296,30 @@ def gdn_replay_decode(
         ring_fk = rings.replay_keys(tree)
         VS = loop_programs(V, bv_cfg, cfg.loop_split)
         VSF = loop_programs(V, bv_cfg, cfg.flush_split) if cfg.flush_split else 0  # 0: as VS
-        _gdn_decode_loop_kernel[(B * HV * max(VS, VSF),)](
+        capped = bool(cfg.flush_cap) and flush_index is not None and VSF > VS
+        if capped:
+            # flush_cap % of the rows (at least one) get the extra programs, in groups of grp rows
+            grp = triton.cdiv(B, max(1, triton.cdiv(B * cfg.flush_cap, 100)))
+            n_groups = triton.cdiv(B, grp)
+            grid = n_groups * HV * (VSF - VS) + B * HV * VS
+        else:
+            grp = n_groups = 0
+            grid = B * HV * max(VS, VSF)
+        _gdn_decode_loop_kernel[(grid,)](
             q, k, v, a, b, A_log, dt_bias, out, state, rings.d, rings.rawv, ring_fk, rings.k, rings.rawk, rings.g,
             rings.beta,
             slot_idx, origin, row_wp, row_flush, row_order if row_order is not None else row_wp,
+            flush_index if capped else row_wp,
             scale, 1.0, 20.0,
             _tok_stride(q, (H, K), "q"), _tok_stride(k, (H, K), "k"), _tok_stride(v, (HV, V), "v"),
             a.stride(0), b.stride(0),
             state.stride(0), rings.d.stride(0), rings.rawv.stride(0), ring_fk.stride(0), rings.k.stride(0),
             rings.rawk.stride(0), rings.g.stride(0), rings.beta.stride(0),
+            B, grp, n_groups,
             H=H, HV=HV, K=K, V=V, BK=BK, BV=bv_cfg, BVF=min(cfg.flush_cols, bv_cfg), RL=RL,
             RLB=triton.next_power_of_2(RL), EVICT=cfg.evict_first, UNROLL=gdn_replay_unroll(), TREE=tree,
             RT=gdn_history_rt(decode=True), ORDER=row_order is not None, RAW_K=rings.has_raw_keys,
-            NSTG=cfg.num_stages, VS=VS, VSF0=VSF, SPLIT=split, HALF=half, num_warps=cfg.num_warps,
+            NSTG=cfg.num_stages, VS=VS, VSF0=VSF, SPLIT=split, HALF=half, FCAP=capped, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )
     elif cfg.split in (3, 4):

@@ -32,7 +32,9 @@ Grid: `(B * HV * VS,)`: with a loop split (`VS` > 1, `configs.gdn_verify_loop_sp
 `loop_split`) each (row, value head) has `VS` programs, each walking a consecutive share of the
 tiles; the prologue (products, gates) is made by each, the ring writes of gates and keys by the first.
 A row on the exact path (a decode flush row) may have its own number `VSF` of programs per value
-head: the grid has `max(VS, VSF)`, and a row's programs past its own number exit at once.
+head: the grid has `max(VS, VSF)`, and a row's programs past its own number exit at once. With a
+flush capacity (decode plan 5's `flush_cap`, `_capped_flush_pid`) the grid holds the extra
+`VSF - VS` programs for that many flush rows only, each flush rank's beside a group of rows.
 """
 
 from __future__ import annotations
@@ -84,6 +86,31 @@ def _share_of_row(i_s, exact, V: tl.constexpr, BV: tl.constexpr, VS: tl.constexp
     else:
         idle = False
     return v_lo, v_hi, idle
+
+
+@triton.jit
+def _capped_flush_pid(row_order, flush_index, n_rows, grp_rows, HV: tl.constexpr, VS: tl.constexpr,
+                      VSF: tl.constexpr, ORDER: tl.constexpr):
+    """`(row, i_hv, i_s, extra)` of this program in a grid with a flush capacity (decode plan 5's
+    `flush_cap`). The grid is groups of `HV * (VSF - VS)` extra programs of one flush rank (shares
+    `VS..VSF-1` of each value head of that flush row: `flush_index[rank]`, -1 = no such row) and
+    then the `VS` programs per value head of `grp_rows` rows (row positions in `row_order`'s order),
+    the last group with the rows left: `n_groups * HV * (VSF - VS) + n_rows * HV * VS` programs,
+    flush rank g's extra programs beside the rows of group g."""
+    NE: tl.constexpr = HV * (VSF - VS)
+    pid = tl.program_id(0)
+    gsz = NE + grp_rows * (HV * VS)
+    g = pid // gsz
+    off = pid - g * gsz
+    extra = off < NE
+    m = tl.maximum(off - NE, 0)
+    r = g * grp_rows + m // (HV * VS)
+    if ORDER:
+        r = tl.load(row_order + r)
+    row = tl.where(extra, tl.load(flush_index + g, mask=extra, other=-1), r)
+    i_hv = tl.where(extra, off // (VSF - VS), (m // VS) % HV)
+    i_s = tl.where(extra, VS + off % (VSF - VS), m % VS)
+    return row, i_hv, i_s, extra
 
 
 @triton.jit
@@ -267,35 +294,48 @@ def _gdn_verify_fused_kernel(
                  v_lo, v_hi, SPLIT, HALF)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows", "grp_rows", "n_groups"])
 def _gdn_decode_loop_kernel(
     q, k, v, a, b, A_log, dt_bias, o, state, ring_d, ring_rawv, ring_fk, ring_kn, ring_kraw, ring_g, ring_beta,
-    slot_idx, origin, row_wp, row_flush, row_order,
+    slot_idx, origin, row_wp, row_flush, row_order, flush_index,
     scale, softplus_beta, softplus_threshold,
     stride_q_row, stride_k_row, stride_v_row, stride_a_row, stride_b_row,
     stride_state_slot, stride_d_slot, stride_rawv_slot, stride_fk_slot, stride_kn_slot, stride_kraw_slot,
     stride_g_slot, stride_beta_slot,
+    n_rows, grp_rows, n_groups,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     BVF: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr, EVICT: tl.constexpr, UNROLL: tl.constexpr = 1,
     TREE: tl.constexpr = False, RT: tl.constexpr = False, ORDER: tl.constexpr = False, RAW_K: tl.constexpr = True,
     NSTG: tl.constexpr = 2, VS: tl.constexpr = 1, VSF0: tl.constexpr = 0, SPLIT: tl.constexpr = False,
-    HALF: tl.constexpr = False,
+    HALF: tl.constexpr = False, FCAP: tl.constexpr = False,
 ):
     """Decode plan 5 (module docstring). With `VS` programs per (row, value head) each walks its
     share of the tiles; the first writes the token's gates and keys. A flush row has `VSF0` programs
     per value head instead when given (> 0; the grid has the larger number, and a row's programs
-    past its own number exit at once)."""
+    past its own number exit at once). With `FCAP` (`_capped_flush_pid`) only `n_groups` flush rows
+    have the extra programs."""
     VSF: tl.constexpr = VSF0 if VSF0 > 0 else VS
     VSG: tl.constexpr = VS if VS > VSF else VSF
-    i_n, i_hv, i_s = _split_pid(HV, VSG)
+    if FCAP:
+        i_n, i_hv, i_s, extra = _capped_flush_pid(row_order, flush_index, n_rows, grp_rows, HV, VS, VSF, ORDER)
+        if i_n < 0:
+            return
+    else:
+        i_n, i_hv, i_s = _split_pid(HV, VSG)
+        if ORDER:
+            i_n = tl.load(row_order + i_n)  # scheduling only (cursors.decode_row_order)
     i_h = i_hv // (HV // H)
-    if ORDER:
-        i_n = tl.load(row_order + i_n)  # scheduling only (cursors.decode_row_order)
     slot = tl.load(slot_idx + i_n).to(tl.int64)
     if slot < 0:
         return
     flush = tl.load(row_flush + i_n) != 0
-    v_lo, v_hi, idle = _share_of_row(i_s, flush, V, BV, VS, VSF)
+    if FCAP:
+        # a flush row within the capacity: its share of VSF (the extra programs hold the rest);
+        # past it, or a non-flush row: its share of VS
+        capped = extra | (flush & (tl.load(flush_index + n_rows + i_n) < n_groups))
+        v_lo, v_hi, idle = _share_of_row(i_s, capped, V, BV, VS, VSF)
+    else:
+        v_lo, v_hi, idle = _share_of_row(i_s, flush, V, BV, VS, VSF)
     if idle:
         return
     wp = tl.load(row_wp + i_n)
