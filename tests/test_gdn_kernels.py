@@ -598,6 +598,33 @@ def test_decode_row_order_is_a_flush_early_permutation(B, p_flush, device):
         decode_row_order(flush.to(device), 0, flush_index=torch.empty(B, dtype=torch.int32, device=device))
 
 
+def _six_row_decode(device, seed, V, wp):
+    """Six rows of one layer (H 1, HV 2, K 32, ring 4, 8 slots) at ring positions `wp` (3 flushes):
+    `(row_flush, launch)`, where `launch(row_order, flush_index=None)` runs `gdn_replay_decode` on
+    copies of the checkpoints and rings and returns (outputs, NaN where unwritten; checkpoints;
+    rings)."""
+    gen = torch.Generator().manual_seed(seed)
+    B, H, HV, K, L, S = 6, 1, 2, 32, 4, 8
+    A_log, dt_bias, state, rings = _direct_setup(device, gen, B=B, H=H, HV=HV, K=K, V=V, L=L, S=S)
+    slot = torch.tensor([5, 0, 2, 7, 3, 1], dtype=torch.int32, device=device)
+    origin = torch.tensor([1, 3, 0, 2, 1, 0, 3, 2], dtype=torch.int32, device=device)
+    row_wp = torch.tensor(wp, dtype=torch.int32, device=device)
+    row_flush = (row_wp == L - 1).to(torch.int32)
+    q, k, v, a, b = (x[:, 0] for x in _inputs(B, 1, H, HV, K, V, bf16, device, gen))
+
+    def launch(order, flush_index=None):
+        st = state.clone()
+        r2 = alloc_gdn_rings(1, S, H, HV, K, V, L, bf16, device, raw_keys=rings.has_raw_keys)
+        for t0, t1 in zip(r2.tensors(), rings.tensors()):
+            t0.copy_(t1)
+        out = torch.full((B, HV, V), float("nan"), dtype=bf16, device=device)
+        gdn_replay_decode(q, k, v, a, b, A_log, dt_bias, st[0], r2.layer(0), slot, row_wp, row_flush, origin,
+                          out=out, row_order=order, flush_index=flush_index)
+        return out, st, r2.tensors()
+
+    return row_flush, launch
+
+
 def test_gdn_decode_flush_capacity_changes_no_bit(device):
     """Decode plan 5 with a flush capacity (the tenth number): the extra programs of the flush split
     for only that share of the rows, the flush rows past it on their own program. Outputs,
@@ -607,26 +634,12 @@ def test_gdn_decode_flush_capacity_changes_no_bit(device):
     rows from it."""
     from replayssm_kernels.configs import gdn_decode_config, override
 
-    gen = torch.Generator().manual_seed(43)
-    B, H, HV, K, V, L, S = 6, 1, 2, 32, 64, 4, 8
-    A_log, dt_bias, state, rings = _direct_setup(device, gen, B=B, H=H, HV=HV, K=K, V=V, L=L, S=S)
-    slot = torch.tensor([5, 0, 2, 7, 3, 1], dtype=torch.int32, device=device)
-    origin = torch.tensor([1, 3, 0, 2, 1, 0, 3, 2], dtype=torch.int32, device=device)
-    row_wp = torch.tensor([3, 0, 3, 3, 1, 2], dtype=torch.int32, device=device)
-    row_flush = (row_wp == L - 1).to(torch.int32)  # rows 0, 2, 3
-    q, k, v, a, b = (x[:, 0] for x in _inputs(B, 1, H, HV, K, V, bf16, device, gen))
+    B, K, V = 6, 32, 64
+    row_flush, launch = _six_row_decode(device, 43, V, [3, 0, 3, 3, 1, 2])  # flush rows 0, 2, 3
 
     def run(plan, index=None, spread=50):
-        st = state.clone()
-        r2 = alloc_gdn_rings(1, S, H, HV, K, V, L, bf16, device, raw_keys=rings.has_raw_keys)
-        for t0, t1 in zip(r2.tensors(), rings.tensors()):
-            t0.copy_(t1)
-        out = torch.full((B, HV, V), float("nan"), dtype=bf16, device=device)
-        order = decode_row_order(row_flush, spread)
         with override("gdn_decode", plan):
-            gdn_replay_decode(q, k, v, a, b, A_log, dt_bias, st[0], r2.layer(0), slot, row_wp, row_flush, origin,
-                              out=out, row_order=order, flush_index=index)
-        return out, st, r2.tensors()
+            return launch(decode_row_order(row_flush, spread), index)
 
     base = (5, 16, 1, 3, 8, 0, 1, 1, 4)  # 4 tiles: flush rows on 4 programs, the rest on 1
     out0, st0, rg0 = run(base)
@@ -658,24 +671,8 @@ def test_gdn_decode_row_order_changes_no_bit(device):
     from replayssm_kernels.configs import gdn_decode_config
 
     assert gdn_decode_config(32, 16).split == 3
-    gen = torch.Generator().manual_seed(26)
-    B, H, HV, K, V, L, S = 6, 1, 2, 32, 16, 4, 8
-    A_log, dt_bias, state, rings = _direct_setup(device, gen, B=B, H=H, HV=HV, K=K, V=V, L=L, S=S)
-    slot = torch.tensor([5, 0, 2, 7, 3, 1], dtype=torch.int32, device=device)
-    origin = torch.tensor([1, 3, 0, 2, 1, 0, 3, 2], dtype=torch.int32, device=device)
-    row_wp = torch.tensor([3, 0, 2, 3, 1, 3], dtype=torch.int32, device=device)
-    row_flush = (row_wp == L - 1).to(torch.int32)
-    q, k, v, a, b = (x[:, 0] for x in _inputs(B, 1, H, HV, K, V, bf16, device, gen))
-
-    def run(order):
-        st, rg = state.clone(), [t.clone() for t in rings.tensors()]
-        r2 = alloc_gdn_rings(1, S, H, HV, K, V, L, bf16, device, raw_keys=rings.has_raw_keys)
-        for t0, t1 in zip(r2.tensors(), rg):
-            t0.copy_(t1)
-        out = torch.full((B, HV, V), float("nan"), dtype=bf16, device=device)
-        gdn_replay_decode(q, k, v, a, b, A_log, dt_bias, st[0], r2.layer(0), slot, row_wp, row_flush, origin,
-                          out=out, row_order=order)
-        return out, st, r2.tensors()
+    B = 6
+    row_flush, run = _six_row_decode(device, 26, 16, [3, 0, 2, 3, 1, 3])
 
     out0, st0, rg0 = run(None)
     assert not torch.isnan(out0).any()
