@@ -154,6 +154,7 @@ def _order_and_index(row_flush, spread: int):
     findex = torch.empty(2 * row_flush.shape[0], dtype=torch.int32, device=row_flush.device)
     return decode_row_order(row_flush, spread, flush_index=findex), findex
 
+
 # ncu's raw page: the summary's columns, each from the first of its metric names the page has
 # (Nsight Compute 2025.3 names the DRAM share `gpu__dram_throughput`, older ones `dram__throughput`)
 _METRICS = {
