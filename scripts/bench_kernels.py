@@ -191,7 +191,7 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
     from sglang.kernels.ops.attention.fla.gdn_replayssm_spec_fold import commit_gdn_replayssm_fold_all_layers
     from sglang.kernels.ops.mamba.mamba_state_scatter_triton import fused_mamba_state_scatter_with_mask
 
-    from replayssm_kernels import decode_prepare, decode_row_order
+    from replayssm_kernels import decode_order_and_index, decode_prepare
     from replayssm_kernels.configs import (
         GDN_UNROLL_SWEEP,
         gdn_decode_config,
@@ -273,11 +273,7 @@ def run_gdn(batches, L, T, reps, sweep, results, shapes=((16, 32), (16, 64))):
             def add_orders(snap_sets):  # (row order, flush index) per snapshot, as the backend's
                 for per_set in snap_sets:
                     for _, rf in per_set:
-                        if spread < 0:
-                            orders[id(rf)] = (None, None)
-                            continue
-                        findex = torch.empty(2 * rf.shape[0], dtype=torch.int32, device=rf.device)
-                        orders[id(rf)] = (decode_row_order(rf, spread, flush_index=findex), findex)
+                        orders[id(rf)] = decode_order_and_index(rf, spread)
             add_orders(snaps)
 
             layout = {"split": False}

@@ -67,6 +67,7 @@ def launch(a, calls: list | None = None) -> list[str]:
     import torch
 
     from bench_kernels import fill_rings_randn, staggered_snaps
+    from replayssm_kernels import decode_order_and_index
     from replayssm_kernels.configs import gdn_flush_spread, override
     from replayssm_kernels.gdn import alloc_gdn_rings, gdn_replay_decode, split_ckpt_convert
 
@@ -92,7 +93,7 @@ def launch(a, calls: list | None = None) -> list[str]:
     spread = gdn_flush_spread()
     # (row_wp, row_flush, row order, flush rows) per ring position; the count is read here, not
     # after each profiled launch (a device-to-host copy between launches)
-    snaps = [(wp, rf, *_order_and_index(rf, spread), int(rf.sum()))
+    snaps = [(wp, rf, *decode_order_and_index(rf, spread), int(rf.sum()))
              for wp, rf in (ph[0] for ph in staggered_snaps(B, L, 1, dev))]
     out = torch.empty(B, HV, V, device=dev, dtype=act)
     calls = [] if calls is None else calls
@@ -141,18 +142,6 @@ def launch(a, calls: list | None = None) -> list[str]:
 
 
 PROFILE_ON, PROFILE_OFF = "[profiler start]", "[profiler stop]"
-
-
-def _order_and_index(row_flush, spread: int):
-    """The backend's row order and flush index for a launch (None, None at spread -1)."""
-    import torch
-
-    from replayssm_kernels import decode_row_order
-
-    if spread < 0:
-        return None, None
-    findex = torch.empty(2 * row_flush.shape[0], dtype=torch.int32, device=row_flush.device)
-    return decode_row_order(row_flush, spread, flush_index=findex), findex
 
 
 # ncu's raw page: the summary's columns, each from the first of its metric names the page has

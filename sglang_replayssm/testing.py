@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from replayssm_kernels import commit_prepare, decode_prepare, decode_row_order, pending_fold_plan
+from replayssm_kernels import commit_prepare, decode_order_and_index, decode_prepare, pending_fold_plan
 from replayssm_kernels.configs import gdn_ckpt_split_for, gdn_flush_phase, gdn_flush_spread
 from replayssm_kernels.gdn.ckpt import split_ckpt_convert
 from replayssm_kernels.gdn import (
@@ -171,10 +171,7 @@ class GDNHarness(_RingHarness):
         rings = self._rings_for(k.dtype)
         row_wp, row_flush = self._decode_plan(force_flush)
         # the launch's row order and flush index, as the backend makes them (scheduling only)
-        order = findex = None
-        if self._flush_spread >= 0:
-            findex = torch.empty(2 * row_flush.shape[0], dtype=torch.int32, device=row_flush.device)
-            order = decode_row_order(row_flush, self._flush_spread, flush_index=findex)
+        order, findex = decode_order_and_index(row_flush, self._flush_spread)
         return gdn_replay_decode(q, k, v, a, b, self.A_log, self.dt_bias, self._state[0], rings.layer(0),
                                  self.slot_idx, row_wp, row_flush, self.origin, row_order=order,
                                  split_ckpt=self.split_ckpt, flush_index=findex)

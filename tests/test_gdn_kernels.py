@@ -9,7 +9,8 @@ import os
 import pytest
 import torch
 
-from replayssm_kernels import commit_prepare, decode_prepare, decode_row_order, pending_fold_plan
+from replayssm_kernels import (commit_prepare, decode_order_and_index, decode_prepare, decode_row_order,
+                               pending_fold_plan)
 from replayssm_kernels.gdn import (
     alloc_gdn_rings,
     gdn_recurrent_ref,
@@ -582,6 +583,8 @@ def test_decode_row_order_is_a_flush_early_permutation(B, p_flush, device):
         order = decode_row_order(flush.to(device), spread, flush_index=index).cpu()
         assert index[:B].tolist() == want_list and index[B:].tolist() == want_rank, f"spread {spread}"
         assert torch.equal(decode_row_order(flush.to(device), spread).cpu(), order)
+        order2, index2 = decode_order_and_index(flush.to(device), spread)  # the same, allocated
+        assert torch.equal(order2.cpu(), order) and torch.equal(index2, index)
         assert sorted(order.tolist()) == list(range(B)), f"not a permutation at spread {spread}"
         taken = flush[order.long()]
         pos = taken.nonzero().flatten().tolist()
@@ -596,6 +599,7 @@ def test_decode_row_order_is_a_flush_early_permutation(B, p_flush, device):
         decode_row_order(flush.to(device), 101)
     with pytest.raises(ValueError, match="flush_index"):
         decode_row_order(flush.to(device), 0, flush_index=torch.empty(B, dtype=torch.int32, device=device))
+    assert decode_order_and_index(flush.to(device), -1) == (None, None)
 
 
 def _six_row_decode(device, seed, V, wp):
@@ -648,14 +652,11 @@ def test_gdn_decode_flush_capacity_changes_no_bit(device):
         with override("gdn_decode", base + (cap,)):
             assert gdn_decode_config(K, V).flush_cap == cap
         for spread in (0, 75):
-            index = torch.empty(2 * B, dtype=torch.int32, device=device)
-            decode_row_order(row_flush, spread, flush_index=index)
-            out1, st1, rg1 = run(base + (cap,), index, spread)
+            out1, st1, rg1 = run(base + (cap,), decode_order_and_index(row_flush, spread)[1], spread)
             assert torch.equal(out1, out0) and torch.equal(st1, st0), f"capacity {cap}, spread {spread}"
             assert all(torch.equal(t0, t1) for t0, t1 in zip(rg0, rg1)), f"capacity {cap}, spread {spread}"
     # ranks say "covered" but the rank -> row half names no row: tiles 1..3 of every flush row unwritten
-    index = torch.empty(2 * B, dtype=torch.int32, device=device)
-    decode_row_order(row_flush, 0, flush_index=index)
+    index = decode_order_and_index(row_flush, 0)[1]
     index[:B] = -1
     out_bad, _, _ = run(base + (100,), index)
     fl = row_flush.bool()

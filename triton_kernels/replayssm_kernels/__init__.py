@@ -7,11 +7,12 @@ from .cursors import (
     commit_prepare,
     commit_prepare_chain_tracked,
     commit_prepare_tracked,
+    decode_order_and_index,
     decode_prepare,
     decode_row_order,
     pending_fold_plan,
     reset_cursors,
 )
 
-__all__ = ["commit_prepare", "commit_prepare_chain_tracked", "commit_prepare_tracked", "decode_prepare",
-           "decode_row_order", "pending_fold_plan", "reset_cursors"]
+__all__ = ["commit_prepare", "commit_prepare_chain_tracked", "commit_prepare_tracked", "decode_order_and_index",
+           "decode_prepare", "decode_row_order", "pending_fold_plan", "reset_cursors"]

@@ -461,6 +461,16 @@ def decode_row_order(row_flush: torch.Tensor, spread: int, row_order: Optional[t
     return row_order
 
 
+def decode_order_and_index(row_flush: torch.Tensor, spread: int
+                           ) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """The row order and flush index of a launch (`decode_row_order`, one call), freshly allocated;
+    `(None, None)` at spread -1 (batch order). The backend keeps its own buffers for CUDA graphs."""
+    if spread < 0:
+        return None, None
+    flush_index = torch.empty(2 * row_flush.shape[0], dtype=torch.int32, device=row_flush.device)
+    return decode_row_order(row_flush, spread, flush_index=flush_index), flush_index
+
+
 _ORDER_MAX_ROWS = 16384
 
 
