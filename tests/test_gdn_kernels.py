@@ -292,8 +292,9 @@ def test_removed_verify_fold_keys_are_refused(monkeypatch):
 
 def test_gdn_decode_config_by_batch(monkeypatch, device, assert_within_baseline):
     """The decode's default plan by batch: plan 3 below `gdn_decode_large_from` (64) rows, plan 5 with
-    the flush rows on 8 programs from there (0 = never); a `gdn_decode` override at every batch. The
-    launch follows it: with the threshold at 2 rows, a 3-row decode runs the large-batch plan with its
+    the flush rows on 8 programs from there (0 = never), on split pools with three stages and a flush
+    capacity of 13 %; a `gdn_decode` override at every batch. The launch follows it: with the
+    threshold at 2 rows, a 3-row decode runs the large-batch plan (capacity included) with its
     committed state bit-exact through flushes."""
     from replayssm_kernels import configs
     from replayssm_kernels.configs import gdn_decode_config, override
@@ -301,7 +302,7 @@ def test_gdn_decode_config_by_batch(monkeypatch, device, assert_within_baseline)
     monkeypatch.setattr(configs, "_OVERRIDES", {})
     assert gdn_decode_config(128, 128).key() == gdn_decode_config(128, 128, rows=63).key() == "3x16x1x3x8x0x1"
     assert gdn_decode_config(128, 128, rows=64).key() == "5x16x1x2x8x0x1x1x8"
-    assert gdn_decode_config(128, 128, rows=64, split_ckpt=True).key() == "5x16x1x3x8x0x1x1x8"
+    assert gdn_decode_config(128, 128, rows=64, split_ckpt=True).key() == "5x16x1x3x8x0x1x1x8x13"
     assert gdn_decode_config(128, 128, rows=63, split_ckpt=True).key() == "3x16x1x3x8x0x1"
     with override("gdn_decode_large_from", (0,)):
         assert gdn_decode_config(128, 128, rows=4096).split == 3
@@ -314,7 +315,7 @@ def test_gdn_decode_config_by_batch(monkeypatch, device, assert_within_baseline)
 
     def spy(K, V, rows=None, split_ckpt=False):
         cfg = real(K, V, rows=rows, split_ckpt=split_ckpt)
-        seen.append((rows, cfg.split, cfg.num_stages, split_ckpt))
+        seen.append((rows, cfg.split, (cfg.num_stages, cfg.flush_cap), split_ckpt))
         return cfg
 
     import replayssm_kernels.gdn.decode as dec
@@ -324,7 +325,8 @@ def test_gdn_decode_config_by_batch(monkeypatch, device, assert_within_baseline)
         test_gdn_decode(3, 1, 2, 48, 40, 4, bf16, 9, device, assert_within_baseline)
     assert seen and all(split == 5 for rows, split, *_ in seen if rows >= 2), seen
     # the launch passes its pool's layout (the harness's default, split): the split plan's three stages
-    assert {(stages, lay) for rows, split, stages, lay in seen if rows >= 2} == {(3, True)}, seen
+    # and flush capacity
+    assert {(plan, lay) for rows, split, plan, lay in seen if rows >= 2} == {((3, 13), True)}, seen
 
 
 def test_gdn_loop_split_config(monkeypatch):

@@ -263,7 +263,11 @@ _GDN_DECODE_LARGE = GDNDecodeConfig(split=5, block_v=16, num_warps=1, num_stages
 # HV 32 / 64; synchronised 182.3 / 339.3 against 186.6 / 349.5; both plans checked bit-exact on the
 # GPU first). On fp32 pools three stages are slower (237.4 / 471.7 against 230.5 / 441.3), so the
 # plan follows the layout. A `gdn_decode` override applies to both layouts.
-_GDN_DECODE_LARGE_SPLIT = replace(_GDN_DECODE_LARGE, num_stages=3)
+# Since session 44 with a flush capacity of 13 % (H100, 2026-12-06, docs/perf.md run 20: staggered
+# 169.0 / 312.3 us at batch 256 against 189.4 / 353.6 without, HV 32 / 64; 7 % gave 165.3 / 314.5, 25 %
+# 171.2 / 315.7; each plan checked bit-exact on the GPU first). 13 % keeps room for ~2x the 1/16 of the
+# rows that flush on an even spread of slot phases; rows past it flush on their own programs.
+_GDN_DECODE_LARGE_SPLIT = replace(_GDN_DECODE_LARGE, num_stages=3, flush_cap=13)
 _GDN_DECODE_LARGE_FROM = 64
 
 

@@ -1,0 +1,1 @@
+REPLAYSSM_DIAG_FLUSH=256 DECODE_MODELS=gdn DECODE_CONC=256 DECODE_SIDES=ours,stock DECODE_ARGS="--output-len 2048 --rounds 1" DECODE_POOL_ARGS="--disable-radix-cache --max-mamba-cache-size 300 --max-running-requests 256 --stream-interval 8" PLAN_DEADLINE_S=580 bash scripts/device_plan.sh install decode_fixed   # carry [".site"], fresh machine (H100)
