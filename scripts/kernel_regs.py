@@ -33,10 +33,14 @@ PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bi
 TARGET = GPUTarget("cuda", 90, 32)
 
 
-def compile_variant(kernel, signature: dict, constexprs: dict, num_warps: int, num_stages: int = 3):
-    """One variant compiled for sm_90, specialised as a launch specialises it (`divisibility_attrs`)."""
+def compile_variant(kernel, signature: dict, constexprs: dict, num_warps: int, num_stages: int = 3, maxnreg=None):
+    """One variant compiled for sm_90, specialised as a launch specialises it (`divisibility_attrs`);
+    `maxnreg` as a launch's register cap (PTX `.maxnreg`)."""
     src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=divisibility_attrs(kernel, signature))
-    return triton.compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    if maxnreg:
+        options["maxnreg"] = maxnreg
+    return triton.compile(src, target=TARGET, options=options)
 
 
 def ptxas_report(kernel, signature: dict, constexprs: dict, num_warps: int, num_stages: int = 3, compiled=None):
@@ -411,6 +415,37 @@ def pdl_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
     return rows
 
 
+def decode_plan5_rows(H=16, HV=32, K=128, V=128, L=16, caps=(0, 96, 80)):
+    """GDN decode plan 5 as served on split checkpoints (configs.gdn_decode_config at 256 rows, bf16
+    activations: outputs from the checkpoint's `hi` plane), with and without its flush capacity, at
+    each register cap of `caps` (configs.gdn_decode_maxnreg; 0 = none): registers, spills, shared
+    memory and the one-warp programs an SM holds by registers."""
+    from replayssm_kernels.configs import gdn_decode_config, gdn_history_rt, gdn_replay_unroll
+    from replayssm_kernels.gdn import verify_loop
+    from replayssm_kernels.gdn.verify_loop import loop_programs
+
+    cfg = gdn_decode_config(K, V, rows=256, split_ckpt=True)
+    kern = verify_loop._gdn_decode_loop_kernel
+    ptrs = {**gdn_pointers(), "ring_kn": "*fp32", "ring_kraw": "*bf16", "row_order": "*i32", "flush_index": "*i32"}
+    bv = min(triton.next_power_of_2(V), cfg.block_v)
+    c = dict(H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=bv, BVF=min(cfg.flush_cols, bv), RL=L,
+             RLB=triton.next_power_of_2(L), EVICT=cfg.evict_first, UNROLL=gdn_replay_unroll(),
+             RT=gdn_history_rt(decode=True), ORDER=True, NSTG=cfg.num_stages, VS=loop_programs(V, bv, cfg.loop_split),
+             VSF0=loop_programs(V, bv, cfg.flush_split) if cfg.flush_split else 0, SPLIT=True, HALF=True)
+    rows = []
+    for fcap in (bool(cfg.flush_cap), False) if cfg.flush_cap else (False,):
+        cv = {**c, "FCAP": fcap}
+        sig = signature(kern, ptrs, cv)
+        for cap in caps:
+            comp = compile_variant(kern, sig, cv, cfg.num_warps, cfg.num_stages, maxnreg=cap)
+            regs, st, ld = ptxas_report(kern, sig, cv, cfg.num_warps, cfg.num_stages, compiled=comp)
+            rows.append({"plan": cfg.key() if fcap else cfg.key().rsplit("x", 1)[0] + " (no capacity)",
+                         "maxnreg": cap, "regs": regs, "spill_stores": st, "spill_loads": ld,
+                         "smem": comp.metadata.shared,
+                         "programs_by_regs": min(32, 65536 // (regs * 32 * cfg.num_warps))})
+    return rows
+
+
 def mamba2_rows(NH=128, P=64, G=8, N=128, L=16, T=4):
     """The Mamba-2 decode kernel: the default one-launch tile, the split plans' launches
     (`configs.mamba2_decode_plan`; the plans of `configs.MAMBA2_DECODE_SWEEP`) and the chunked tiles
@@ -471,9 +506,21 @@ def main(argv=None):
                     help="only the GDN fold's replay loop body (SASS) per form of the exact replay")
     ap.add_argument("--state-launch", action="store_true",
                     help="only the GDN verify's state launch per plan (SASS per program and per 16 value rows)")
+    ap.add_argument("--decode-plan5", action="store_true",
+                    help="only GDN decode plan 5 as served on split checkpoints, per register cap")
+    ap.add_argument("--caps", default="0,96,80",
+                    help="with --decode-plan5: register caps to build (configs.gdn_decode_maxnreg; 0 = none)")
     ap.add_argument("--pdl", action="store_true",
                     help="only the GDN prep/state pair with and without programmatic dependent launch")
     args = ap.parse_args(argv)
+    if args.decode_plan5:
+        print(f"| GDN decode plan 5, split checkpoints (sm_90, triton {triton.__version__}) | maxnreg | registers | "
+              "spill stores (B) | spill loads (B) | shared memory (B) | one-warp programs an SM by registers |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for r in decode_plan5_rows(caps=tuple(int(x) for x in args.caps.split(","))):
+            print(f"| {r['plan']} | {r['maxnreg']} | {r['regs']} | {r['spill_stores']} | {r['spill_loads']} | "
+                  f"{r['smem']} | {r['programs_by_regs']} |", flush=True)
+        return
     if args.pdl:
         print(f"| GDN prep/state pair (sm_90, triton {triton.__version__}) | PDL | launch_dependents | wait | "
               "checkpoint loads before the wait | after |")

@@ -1101,6 +1101,52 @@ def test_gdn_verify_maxnreg_config_and_launch(monkeypatch, device, assert_within
         assert seen == want, (plan, seen)
 
 
+def test_gdn_decode_maxnreg_config_and_launch(monkeypatch, device, assert_within_baseline):
+    """configs.gdn_decode_maxnreg: 0 (no cap) by default, 24..255 or refused, 0 under the
+    interpreter; when set, decode plan 5's programs are compiled with it as `maxnreg` (none when 0),
+    and the committed state stays bit-exact through flushes (on the CPU the spy drops it before the
+    interpreter)."""
+    from replayssm_kernels import configs
+    from replayssm_kernels.configs import override
+    from replayssm_kernels.gdn import decode as dec
+
+    interp = os.environ.get("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(configs, "_OVERRIDES", {})
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert configs.gdn_decode_maxnreg() == 0 and "gdn_decode_maxnreg=0" in configs.describe()
+    with override("gdn_decode_maxnreg", (96,)):
+        assert configs.gdn_decode_maxnreg() == 96 and configs.gdn_verify_maxnreg() == 0
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        assert configs.gdn_decode_maxnreg() == 0
+    with override("gdn_decode_maxnreg", (12,)), pytest.raises(ValueError, match="gdn_decode_maxnreg.*REPLAYSSM_CONFIG"):
+        configs.gdn_decode_maxnreg()
+    monkeypatch.setenv("TRITON_INTERPRET", interp)
+
+    seen = []
+    kernel = dec._gdn_decode_loop_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **k):
+                seen.append(k.get("maxnreg"))
+                if device == "cpu":
+                    k.pop("maxnreg", None)
+                return kernel[grid](*a, **k)
+            return launch
+
+    monkeypatch.setattr(dec, "_gdn_decode_loop_kernel", Spy())
+    with override("gdn_decode_large_from", (2,)):
+        for cap, want in ((96, {96}), (0, {None})):
+            seen.clear()
+            monkeypatch.setattr(dec, "gdn_decode_maxnreg", lambda cap=cap: cap)
+            test_gdn_decode(3, 1, 2, 48, 40, 4, bf16, 9, device, assert_within_baseline)
+            assert seen and set(seen) == want, (cap, seen)
+        seen.clear()
+        with override("gdn_decode", (3, 16, 1, 3, 8, 0, 1)):  # plan 3: not the looping programs
+            test_gdn_decode(3, 1, 2, 48, 40, 4, bf16, 9, device, assert_within_baseline)
+        assert not seen
+
+
 def test_gdn_pdl_config_and_launch(monkeypatch, device):
     """configs.gdn_pdl: off by default (unverified under CUDA graphs, configs.py); gdn_pdl=1 turns it
     on for sm_90+, never under the interpreter (inline PTX) nor on an older GPU. When on, the

@@ -70,3 +70,19 @@ def test_pdl_screen():
         else:
             assert (int(dependents), int(wait)) == ((0, 1) if on else (0, 0)), kernel
             assert int(before) >= 16 and int(after) == 0, (kernel, pdl)
+
+
+def test_decode_plan5_register_cap_screen():
+    """The served GDN decode plan 5 (split checkpoints, flush capacity) built with and without a
+    register cap (configs.gdn_decode_maxnreg): the cap reaches ptxas (at most that many registers)
+    and is below what the compiler picks on its own, so it changes the programs an SM holds."""
+    lines = [ln for ln in run_compiled("kernel_regs", "--decode-plan5", "--caps", "0,96").splitlines()
+             if ln.startswith("|")]
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:]]
+    by = {(r[0], int(r[1])): r for r in rows}
+    plans = {r[0] for r in rows}
+    assert len(plans) == 2 and any(p.endswith("x13") for p in plans), plans
+    for plan in plans:
+        free, capped = int(by[plan, 0][2]), int(by[plan, 96][2])
+        assert capped <= 96 < free, (plan, free, capped)
+        assert int(by[plan, 96][6]) > int(by[plan, 0][6])

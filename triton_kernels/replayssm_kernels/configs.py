@@ -25,7 +25,7 @@ _OVERRIDE_ARITY = {"gdn_decode": (7, 8, 9, 10), "gdn_verify": (3, 4, 5), "gdn_ve
                    "gdn_k_tree": (1,), "gdn_state_kc": (1, 2), "gdn_history_rt": (1, 2), "gdn_prep": (2,),
                    "gdn_state_dot": (1, 2), "gdn_fold_narrow_below": (1,),
                    "gdn_commit_fused_below": (1,), "gdn_flush_spread": (1,),
-                   "gdn_flush_phase": (1,), "gdn_pdl": (1,), "gdn_verify_maxnreg": (1,),
+                   "gdn_flush_phase": (1,), "gdn_pdl": (1,), "gdn_verify_maxnreg": (1,), "gdn_decode_maxnreg": (1,),
                    "gdn_decode_large_from": (1,), "gdn_ckpt_split": (1,)}
 
 
@@ -70,6 +70,7 @@ def describe() -> str:
         "verify: the batch thresholds of its three default plans)",
         f"gdn_verify_maxnreg={gdn_verify_maxnreg()} (GDN verify plans 5 and 6: register cap of the looping "
         "programs; 0 = none)",
+        f"gdn_decode_maxnreg={gdn_decode_maxnreg()} (GDN decode plan 5: register cap of its programs; 0 = none)",
         f"gdn_fold_cols={gdn_fold_cols()}",
         f"gdn_fold_narrow_below={gdn_fold_narrow_below()} (GDN fold: "
         "below this many rows one gdn_fold_cols sub-tile per program instead of 32 columns; 0 = never)",
@@ -631,15 +632,30 @@ _GDN_PDL = 0
 # and 6), 0 = the compiler's choice. The one-launch loop (6) uses 247 registers on sm_90 (its
 # prep products), so 8 one-warp programs fit an SM; capped at 168, 12 fit, for 456 bytes of spill
 # stores (offline, session 28). Never timed; `REPLAYSSM_CONFIG=gdn_verify_maxnreg=N`.
-_GDN_VERIFY_MAXNREG = 0
+# The same for decode plan 5's programs (`gdn_decode_maxnreg=N`): on the H100 of session 44 (perf.md
+# run 20, Nsight Compute) the default plan used 128 registers and 9.4 KB of shared memory a
+# one-warp program, 16 programs an SM by either (theoretical occupancy 25 %), where session 43's
+# build of the plan without the flush capacity had 96 (20 an SM). Offline (ptxas for sm_90, session
+# 44) a cap of 96 costs the capped plan 28 bytes of spill stores, 80 costs 100. Not timed yet.
+_GDN_MAXNREG = {"verify": 0, "decode": 0}
+
+
+def _gdn_maxnreg(which: str) -> int:
+    name = f"gdn_{which}_maxnreg"
+    n = _OVERRIDES.get(name, (_GDN_MAXNREG[which],))[0]
+    if n and not 24 <= n <= 255:
+        raise ValueError(f"{name}: 0 or 24..255 registers, got {n}; fix REPLAYSSM_CONFIG")
+    return 0 if interpreted() else n
 
 
 def gdn_verify_maxnreg() -> int:
     """The register cap of the GDN verify's looping programs (0 = none; ignored by the interpreter)."""
-    n = _OVERRIDES.get("gdn_verify_maxnreg", (_GDN_VERIFY_MAXNREG,))[0]
-    if n and not 24 <= n <= 255:
-        raise ValueError(f"gdn_verify_maxnreg: 0 or 24..255 registers, got {n}; fix REPLAYSSM_CONFIG")
-    return 0 if interpreted() else n
+    return _gdn_maxnreg("verify")
+
+
+def gdn_decode_maxnreg() -> int:
+    """The register cap of GDN decode plan 5's programs (0 = none; ignored by the interpreter)."""
+    return _gdn_maxnreg("decode")
 
 
 def gdn_pdl() -> bool:
