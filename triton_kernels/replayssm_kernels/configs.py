@@ -636,7 +636,8 @@ _GDN_PDL = 0
 # run 20, Nsight Compute) the default plan used 128 registers and 9.4 KB of shared memory a
 # one-warp program, 16 programs an SM by either (theoretical occupancy 25 %), where session 43's
 # build of the plan without the flush capacity had 96 (20 an SM). Offline (ptxas for sm_90, session
-# 44) a cap of 96 costs the capped plan 28 bytes of spill stores, 80 costs 100. Not timed yet.
+# 44, scripts/kernel_regs.py --decode-plan5, which gives the same 128 / 96) a cap of 96 costs the
+# capped plan no spills, 80 costs 8 bytes. Not timed yet.
 _GDN_MAXNREG = {"verify": 0, "decode": 0}
 
 
