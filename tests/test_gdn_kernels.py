@@ -128,6 +128,10 @@ def test_gdn_decode(B, H, HV, K, V, L, dtype, steps, device, assert_within_basel
     # ... with a flush capacity (the harness passes the flush index as the backend does): one of the
     # two rows gets the extra programs, a second flush row in the same step runs on its own two.
     pytest.param((5, 16, 1, 2, 16, 0, 1, 2, 3, 25), (48, 40, 4), id="plan5-split2-flushsplit3-cap25-K48"),
+    # ... with the register prefetch (stages 0): the next tile's loads one tile ahead, masked past the
+    # program's share (V = 40: the partial last tile in the second share).
+    pytest.param((5, 16, 1, 0, 8, 0, 1), (128, 128, 16), id="plan5-prefetch-K128"),
+    pytest.param((5, 16, 1, 0, 16, 0, 1, 2, 3, 25), (48, 40, 4), id="plan5-prefetch-split2-flushsplit3-cap25-K48"),
 ])
 def test_gdn_decode_launch_variants(cfg, shape, device, assert_within_baseline):
     """Every launch plan of configs.GDNDecodeConfig keeps the committed state bit-exact."""
@@ -371,6 +375,12 @@ def test_gdn_loop_split_config(monkeypatch):
         cfg = gdn_decode_config(128, 128)
         assert (cfg.flush_split, cfg.flush_cap) == (8, 25) and cfg.key() == "5x16x1x3x8x0x1x1x8x25"
     assert gdn_decode_config(128, 128, rows=256).flush_cap == 0  # off by default until timed on a GPU
+    # Stages 0 (register prefetch): plan 5 only; never negative.
+    with override("gdn_decode", (5, 16, 1, 0, 8, 0, 1, 1, 8, 13)):
+        assert gdn_decode_config(128, 128).key() == "5x16x1x0x8x0x1x1x8x13"
+    for bad in ((3, 16, 1, 0, 8, 0, 1), (5, 16, 1, -1, 8, 0, 1)):
+        with override("gdn_decode", bad), pytest.raises(ValueError, match="register prefetch"):
+            gdn_decode_config(128, 128)
     for bad in ((5, 16, 1, 2, 8, 0, 1, 1, 8, 101), (5, 16, 1, 2, 8, 0, 1, 2, 2, 25)):
         with override("gdn_decode", bad), pytest.raises(ValueError, match="tenth"):
             gdn_decode_config(128, 128)

@@ -194,7 +194,8 @@ class GDNDecodeConfig:
         (read from the `k` ring, L2-resident across the key head's programs), one launch per step.
         5 = one launch with one program per row and value head (`gdn/verify_loop.py`): it makes
         those products once and walks its value rows `block_v` at a time (tile loads pipelined),
-        the exact path likewise for flush rows.
+        the exact path likewise for flush rows. Plan 5 alone takes `num_stages` 0: the next tile's
+        loads issued into registers before this tile's products (no shared-memory staging).
         `loop_split` programs per row and value head, each with `1/loop_split` of the tiles
         (the eighth number of a `gdn_decode` plan; 1 when absent); `flush_split` programs per
         value head of a flush row instead (the ninth number; 0 when absent = `loop_split`), so
@@ -285,6 +286,9 @@ def gdn_decode_config(K: int, V: int, rows: Optional[int] = None, split_ckpt: bo
             return _GDN_DECODE_LARGE_SPLIT if split_ckpt else _GDN_DECODE_LARGE
         return _GDN_DECODE_DEFAULT
     split, bv, warps, stages, fcols, dot, evict, *ls = _OVERRIDES["gdn_decode"]
+    if stages < 0 or (stages == 0 and split != 5):
+        raise ValueError(f"gdn_decode: load stages (the fourth number) >= 1, or 0 (register prefetch) for decode "
+                         f"plan 5 only, got {_OVERRIDES['gdn_decode']}; fix REPLAYSSM_CONFIG")
     loop_split = int(ls[0]) if ls else 1
     flush_split = int(ls[1]) if len(ls) > 1 else 0
     flush_cap = int(ls[2]) if len(ls) > 2 else 0

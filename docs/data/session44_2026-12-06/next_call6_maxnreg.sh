@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# session 44 call 6: decode plan 5 (split, flush capacity 13 %) with register caps 0 / 96 / 80 (configs.gdn_decode_maxnreg), 3, 2 and 1 load stages.
+# session 44 call 6: decode plan 5 (split, flush capacity 13 %) with register caps 0 / 96 / 80 (configs.gdn_decode_maxnreg), 3, 2, 1 and 0 (register prefetch) load stages.
 T0=$(date +%s); OUT_ROOT=$OUT
 for cfg in "" gdn_decode_maxnreg=96 gdn_decode_maxnreg=80; do
-  LEFT=$(( ${DEADLINE:-400} - ($(date +%s) - T0) ))
+  LEFT=$(( ${DEADLINE:-480} - ($(date +%s) - T0) ))
   [ "$LEFT" -lt 45 ] && { echo "== skip '$cfg' ($LEFT s left)"; continue; }
   tag=${cfg##*=}; tag=mx${tag:-0}
   echo "== $tag ($LEFT s left)"
-  OUT=$OUT_ROOT/$tag REPLAYSSM_CONFIG=$cfg BENCH_TIMEOUT=$(( LEFT < 130 ? LEFT : 130 )) BENCH_ARGS="--family gdn --batches 256 --gdn-ckpt-split --gdn-decode-only --gdn-decode-plans 5x16x1x3x8x0x1x1x8x13,5x16x1x2x8x0x1x1x8x13,5x16x1x1x8x0x1x1x8x13" bash scripts/device_kernels.sh bench 2>&1 | grep -E "correctness|rc=|ring, split"
+  OUT=$OUT_ROOT/$tag REPLAYSSM_CONFIG=$cfg BENCH_TIMEOUT=$(( LEFT < 150 ? LEFT : 150 )) BENCH_ARGS="--family gdn --batches 256 --gdn-ckpt-split --gdn-decode-only --gdn-decode-plans 5x16x1x3x8x0x1x1x8x13,5x16x1x2x8x0x1x1x8x13,5x16x1x1x8x0x1x1x8x13,5x16x1x0x8x0x1x1x8x13" bash scripts/device_kernels.sh bench 2>&1 | grep -E "correctness|rc=|ring, split"
   python3 - "$OUT_ROOT/$tag/bench.json" <<'PY'
 import json, sys
 try:

@@ -320,7 +320,7 @@ def gdn_replay_decode(
             RLB=triton.next_power_of_2(RL), EVICT=cfg.evict_first, UNROLL=gdn_replay_unroll(), TREE=tree,
             RT=gdn_history_rt(decode=True), ORDER=row_order is not None, RAW_K=rings.has_raw_keys,
             NSTG=cfg.num_stages, VS=VS, VSF0=VSF, SPLIT=split, HALF=half, FCAP=capped, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages, **({"maxnreg": gdn_decode_maxnreg()} if gdn_decode_maxnreg() else {}),
+            num_stages=max(1, cfg.num_stages), **({"maxnreg": gdn_decode_maxnreg()} if gdn_decode_maxnreg() else {}),
         )
     elif cfg.split in (3, 4):
         # One launch fewer: the state launch of the two-launch pair also runs the flush rows; plan 4

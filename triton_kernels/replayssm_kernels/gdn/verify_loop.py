@@ -26,7 +26,9 @@ asynchronous copies into shared memory, the next tiles in flight while one is us
   its ring-key products, gate and `k . q` once (decode plan 4 makes them once per `BV` rows: 16
   times per value head at `BV` = 16) and writes the token's `g`, `beta` and keys into the rings
   with plan 4's expressions; a flush row's program runs the exact path over its value rows `BV`
-  at a time. With `ORDER` the rows go in `row_order`'s order (the flush rows early).
+  at a time. With `ORDER` the rows go in `row_order`'s order (the flush rows early). With
+  `NSTG` = 0 a non-flush row's tile loads are prefetched into registers by hand, one tile ahead,
+  instead of Triton's pipeline through shared memory.
 
 Grid: `(B * HV * VS,)`: with a loop split (`VS` > 1, `configs.gdn_verify_loop_split`, decode plan 5's
 `loop_split`) each (row, value head) has `VS` programs, each walking a consecutive share of the
@@ -141,6 +143,22 @@ def _tile_and_history(p_h, p_d, o_v, mask_v, o_k, mask_k, phys_j, m_j, K: tl.con
         b_ur = tl.load(p_d + phys_j[:, None] * V + o_v[None, :], mask=m_j[:, None] & mask_v[None, :],
                        other=0).to(tl.float32)
     return b_h, b_ur
+
+
+@triton.jit
+def _decode_tile_outputs(b_h, b_ur, o_v, p_v, p_o, p_rv, p_d, phys, b_dec, b_ks, b_qs, b_wk, b_wq, b_beta, b_eg, b_c,
+                         V: tl.constexpr, RT: tl.constexpr):
+    """Decode plan 5, a non-flush row: value rows `o_v` from their checkpoint tile `b_h` and
+    committed `d` entries `b_ur` (`_tile_and_history`): `hk`, `hq`, then the token's `u` and
+    output, and its raw `v` and `u` into the rings at `phys`."""
+    mask_v = o_v < V
+    b_hk = b_dec * tl.sum(b_h * b_ks[None, :], 1) + history_dot(b_ur, b_wk, RT)
+    b_hq = b_dec * tl.sum(b_h * b_qs[None, :], 1) + history_dot(b_ur, b_wq, RT)
+    b_vraw = tl.load(p_v + o_v, mask=mask_v, other=0)
+    tl.store(p_rv + phys * V + o_v, b_vraw, mask=mask_v)
+    b_u = b_beta * (b_vraw.to(tl.float32) - b_eg * b_hk)
+    tl.store(p_o + o_v, (b_hq * b_eg + b_u * b_c).to(p_o.dtype.element_ty), mask=mask_v)
+    tl.store(p_d + phys * V + o_v, b_u.to(p_d.dtype.element_ty), mask=mask_v)
 
 
 @triton.jit
@@ -377,15 +395,29 @@ def _gdn_decode_loop_kernel(
     p_d = ring_d + slot * stride_d_slot + i_hv * RL * V
     phys_j = (org + o_j) % RL
     o_b = tl.arange(0, BV)
-    for i_v in tl.range(v_lo, v_hi, num_stages=NSTG):
-        o_v = i_v * BV + o_b
-        mask_v = o_v < V
-        b_h, b_ur = _tile_and_history(p_h, p_d, o_v, mask_v, o_k, mask_k, phys_j, m_j, K, V, EVICT, RT, SPLIT,
-                                       HALF)
-        b_hk = b_dec * tl.sum(b_h * b_ks[None, :], 1) + history_dot(b_ur, b_wk, RT)
-        b_hq = b_dec * tl.sum(b_h * b_qs[None, :], 1) + history_dot(b_ur, b_wq, RT)
-        b_vraw = tl.load(p_v + o_v, mask=mask_v, other=0)
-        tl.store(p_rv + phys * V + o_v, b_vraw, mask=mask_v)
-        b_u = b_beta * (b_vraw.to(tl.float32) - b_eg * b_hk)
-        tl.store(p_o + o_v, (b_hq * b_eg + b_u * b_c).to(o.dtype.element_ty), mask=mask_v)
-        tl.store(p_d + phys * V + o_v, b_u.to(ring_d.dtype.element_ty), mask=mask_v)
+    if NSTG == 0:
+        # Register prefetch: the next tile's checkpoint and `d` loads go out before this tile's
+        # products, straight into registers (no shared-memory staging: with Triton's pipeline the
+        # tile is read back from shared memory in 16-bit loads, perf.md "Prepared in session 44").
+        # The prefetched `d` entries are committed ones (before `wp`), never the `phys` this loop
+        # writes, so the order of the loads and stores does not matter.
+        o_n = v_lo * BV + o_b
+        m_n = (o_n < V) & (v_lo < v_hi)
+        b_h_n, b_ur_n = _tile_and_history(p_h, p_d, o_n, m_n, o_k, mask_k, phys_j, m_j, K, V, EVICT, RT, SPLIT,
+                                          HALF)
+        for i_v in range(v_lo, v_hi):
+            b_h = b_h_n
+            b_ur = b_ur_n
+            o_n = (i_v + 1) * BV + o_b
+            m_n = (o_n < V) & (i_v + 1 < v_hi)
+            b_h_n, b_ur_n = _tile_and_history(p_h, p_d, o_n, m_n, o_k, mask_k, phys_j, m_j, K, V, EVICT, RT, SPLIT,
+                                              HALF)
+            _decode_tile_outputs(b_h, b_ur, i_v * BV + o_b, p_v, p_o, p_rv, p_d, phys, b_dec, b_ks, b_qs, b_wk, b_wq,
+                                 b_beta, b_eg, b_c, V, RT)
+    else:
+        for i_v in tl.range(v_lo, v_hi, num_stages=NSTG):
+            o_v = i_v * BV + o_b
+            b_h, b_ur = _tile_and_history(p_h, p_d, o_v, o_v < V, o_k, mask_k, phys_j, m_j, K, V, EVICT, RT, SPLIT,
+                                           HALF)
+            _decode_tile_outputs(b_h, b_ur, o_v, p_v, p_o, p_rv, p_d, phys, b_dec, b_ks, b_qs, b_wk, b_wq, b_beta,
+                                 b_eg, b_c, V, RT)
