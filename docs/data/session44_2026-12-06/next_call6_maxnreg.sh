@@ -18,3 +18,12 @@ for x in d["results"]:
           {k.split("_us_")[-1]: round(v, 1) for k, v in x.items() if k.startswith("decode_ours_split_staggered_us_")})
 PY
 done
+# Then batch 64 (the ring decode's first batch, configs.gdn_decode_large_from): the capacity's default against the plan without it.
+LEFT=$(( ${DEADLINE:-480} - ($(date +%s) - T0) ))
+if [ "$LEFT" -ge 45 ]; then
+  echo "== batch 64 ($LEFT s left)"
+  OUT=$OUT_ROOT/b64 BENCH_TIMEOUT=$LEFT BENCH_ARGS="--family gdn --batches 64 --gdn-ckpt-split --gdn-decode-only --gdn-decode-plans 5x16x1x3x8x0x1x1x8,5x16x1x3x8x0x1x1x8x13" bash scripts/device_kernels.sh bench 2>&1 | grep -E "correctness|rc=|ring, split"
+  python3 -c "
+import json; d = json.load(open('$OUT_ROOT/b64/bench.json'))
+for x in d['results']: print('HV', x['HV'], 'B', x['B'], 'packed', round(x['decode_packed_us'], 1), {k.split('_us_')[-1]: round(v, 1) for k, v in x.items() if k.startswith('decode_ours_split_staggered_us_')})"
+fi
