@@ -418,9 +418,8 @@ def pdl_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
 def decode_plan5_rows(H=16, HV=32, K=128, V=128, L=16, caps=(0, 96, 80)):
     """GDN decode plan 5 as served on split checkpoints (configs.gdn_decode_config at 256 rows, bf16
     activations: outputs from the checkpoint's `hi` plane; the replay form in effect, and its rings),
-    with and without its flush capacity, at
-    each register cap of `caps` (configs.gdn_decode_maxnreg; 0 = none): registers, spills, shared
-    memory and the one-warp programs an SM holds by registers."""
+    with and without its flush capacity, at each register cap of `caps` (configs.gdn_decode_maxnreg;
+    0 = none): registers, spills, shared memory and the one-warp programs an SM holds by registers."""
     from replayssm_kernels.configs import gdn_decode_config, gdn_history_rt, gdn_k_tree, gdn_replay_unroll
     from replayssm_kernels.gdn import verify_loop
     from replayssm_kernels.gdn.verify_loop import loop_programs

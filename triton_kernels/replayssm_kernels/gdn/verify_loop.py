@@ -401,9 +401,8 @@ def _gdn_decode_loop_kernel(
         # tile is read back from shared memory in 16-bit loads, perf.md "Prepared in session 44").
         # The prefetched `d` entries are committed ones (before `wp`), never the `phys` this loop
         # writes, so the order of the loads and stores does not matter.
-        o_n = v_lo * BV + o_b
-        m_n = (o_n < V) & (v_lo < v_hi)
-        b_h_n, b_ur_n = _tile_and_history(p_h, p_d, o_n, m_n, o_k, mask_k, phys_j, m_j, K, V, EVICT, RT, SPLIT,
+        o_n = v_lo * BV + o_b  # a program's share is never empty (loop_programs)
+        b_h_n, b_ur_n = _tile_and_history(p_h, p_d, o_n, o_n < V, o_k, mask_k, phys_j, m_j, K, V, EVICT, RT, SPLIT,
                                           HALF)
         for i_v in range(v_lo, v_hi):
             b_h = b_h_n
