@@ -440,8 +440,8 @@ def decode_plan5_rows(H=16, HV=32, K=128, V=128, L=16, caps=(0, 96, 80)):
         cv = {**c, "FCAP": fcap}
         sig = signature(kern, ptrs, cv)
         for cap in caps:
-            comp = compile_variant(kern, sig, cv, cfg.num_warps, cfg.num_stages, maxnreg=cap)
-            regs, st, ld = ptxas_report(kern, sig, cv, cfg.num_warps, cfg.num_stages, compiled=comp)
+            comp = compile_variant(kern, sig, cv, cfg.num_warps, max(1, cfg.num_stages), maxnreg=cap)  # as the launch
+            regs, st, ld = ptxas_report(kern, sig, cv, cfg.num_warps, compiled=comp)
             rows.append({"plan": cfg.key() if fcap else cfg.key().rsplit("x", 1)[0] + " (no capacity)",
                          "maxnreg": cap, "regs": regs, "spill_stores": st, "spill_loads": ld,
                          "smem": comp.metadata.shared,
