@@ -663,6 +663,11 @@ def gdn_decode_maxnreg() -> int:
     return _gdn_maxnreg("decode")
 
 
+def maxnreg_option(n: int) -> dict:
+    """A register cap as a launch's compile option (`maxnreg`); none for 0."""
+    return {"maxnreg": n} if n else {}
+
+
 def gdn_pdl() -> bool:
     """Whether the GDN prep/state pair uses programmatic dependent launch (REPLAYSSM_CONFIG gdn_pdl=0|1)."""
     return bool(_OVERRIDES.get("gdn_pdl", (_GDN_PDL,))[0]) and not interpreted() and _sm90_or_later()

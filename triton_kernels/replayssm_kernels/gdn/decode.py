@@ -25,7 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import GDN_K_FORMS, gdn_decode_config, gdn_decode_maxnreg, gdn_history_rt, gdn_k_tree, gdn_replay_unroll
+from ..configs import (GDN_K_FORMS, gdn_decode_config, gdn_decode_maxnreg, gdn_history_rt, gdn_k_tree,
+                       gdn_replay_unroll, maxnreg_option)
 from .common import (ckpt_load, gdn_decode_flush, gdn_l2norm, gdn_l2norm_vec, gdn_ring_append_gate_keys, gdn_tile_ids,
                      gdn_token_gate)
 from .ckpt import check_split_form, ckpt_half_reads
@@ -320,7 +321,7 @@ def gdn_replay_decode(
             RLB=triton.next_power_of_2(RL), EVICT=cfg.evict_first, UNROLL=gdn_replay_unroll(), TREE=tree,
             RT=gdn_history_rt(decode=True), ORDER=row_order is not None, RAW_K=rings.has_raw_keys,
             NSTG=cfg.num_stages, VS=VS, VSF0=VSF, SPLIT=split, HALF=half, FCAP=capped, num_warps=cfg.num_warps,
-            num_stages=max(1, cfg.num_stages), **({"maxnreg": gdn_decode_maxnreg()} if gdn_decode_maxnreg() else {}),
+            num_stages=max(1, cfg.num_stages), **maxnreg_option(gdn_decode_maxnreg()),
         )
     elif cfg.split in (3, 4):
         # One launch fewer: the state launch of the two-launch pair also runs the flush rows; plan 4

@@ -25,7 +25,8 @@ import triton
 import triton.language as tl
 
 from ..configs import (GDN_K_FORMS, gdn_history_rt, gdn_k_tree, gdn_pdl, gdn_prep_plan, gdn_replay_unroll,
-                       gdn_state_dot, gdn_state_kc, gdn_verify_config, gdn_verify_loop_split, gdn_verify_maxnreg)
+                       gdn_state_dot, gdn_state_kc, gdn_verify_config, gdn_verify_loop_split, gdn_verify_maxnreg,
+                       maxnreg_option)
 from .ckpt import check_split_form, ckpt_half_reads
 from .common import ckpt_load, gdn_gate, gdn_l2norm, gdn_l2norm_vec, gdn_tile_ids
 from .verify_mm import _gdn_verify_mm_kernel
@@ -351,7 +352,7 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
     pdl = gdn_pdl() and not inline_prep
     kc = 0 if dot or inline_prep else gdn_state_kc(K, decode=decode)
     # A register cap for the looping programs (configs.gdn_verify_maxnreg), a compile option.
-    cap = {"maxnreg": gdn_verify_maxnreg()} if vloop and gdn_verify_maxnreg() else {}
+    cap = maxnreg_option(gdn_verify_maxnreg()) if vloop else {}
     VS = loop_programs(V, BV, gdn_verify_loop_split(rows=B)) if vloop else 1
     if fused:
         _gdn_verify_fused_kernel[(B * HV * VS,)](
