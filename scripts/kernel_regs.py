@@ -420,24 +420,19 @@ def decode_plan5_rows(H=16, HV=32, K=128, V=128, L=16, caps=(0, 96, 80)):
     activations: outputs from the checkpoint's `hi` plane; the replay form in effect, and its rings),
     with and without its flush capacity, at each register cap of `caps` (configs.gdn_decode_maxnreg;
     0 = none): registers, spills, shared memory and the one-warp programs an SM holds by registers."""
-    from replayssm_kernels.configs import gdn_decode_config, gdn_history_rt, gdn_k_tree, gdn_replay_unroll
+    from replayssm_kernels.configs import gdn_decode_config, gdn_k_tree
     from replayssm_kernels.gdn import verify_loop
-    from replayssm_kernels.gdn.verify_loop import loop_programs
+    from replayssm_kernels.gdn.decode import plan5_constexprs
 
     cfg = gdn_decode_config(K, V, rows=256, split_ckpt=True)
     kern = verify_loop._gdn_decode_loop_kernel
     tree = gdn_k_tree(K)  # the replay form in effect; the tree and shuffle forms read the fp32 `k` ring
     ptrs = {**gdn_pointers(), "ring_fk": "*fp32" if tree else "*bf16", "ring_kn": "*fp32", "ring_kraw": "*bf16",
             "row_order": "*i32", "flush_index": "*i32"}
-    bv = min(triton.next_power_of_2(V), cfg.block_v)
-    c = dict(H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=bv, BVF=min(cfg.flush_cols, bv), RL=L,
-             RLB=triton.next_power_of_2(L), EVICT=cfg.evict_first, UNROLL=gdn_replay_unroll(),
-             RT=gdn_history_rt(decode=True), ORDER=True, NSTG=cfg.num_stages, VS=loop_programs(V, bv, cfg.loop_split),
-             VSF0=loop_programs(V, bv, cfg.flush_split) if cfg.flush_split else 0, SPLIT=True, HALF=True,
-             TREE=tree, RAW_K=not tree)
     rows = []
     for fcap in (bool(cfg.flush_cap), False) if cfg.flush_cap else (False,):
-        cv = {**c, "FCAP": fcap}
+        cv = plan5_constexprs(cfg, H, HV, K, V, L, tree=tree, split=True, half=True, ordered=True,
+                              raw_k=not tree, capped=fcap)
         sig = signature(kern, ptrs, cv)
         for cap in caps:
             comp = compile_variant(kern, sig, cv, cfg.num_warps, max(1, cfg.num_stages), maxnreg=cap)  # as the launch

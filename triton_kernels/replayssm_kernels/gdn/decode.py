@@ -180,6 +180,24 @@ def _tok_stride(t: torch.Tensor, inner: tuple[int, int], name: str) -> int:
     return t.stride(0)
 
 
+def plan5_constexprs(cfg, H: int, HV: int, K: int, V: int, RL: int, *, tree: int, split: bool, half: bool,
+                     ordered: bool, raw_k: bool, capped: bool = True) -> dict:
+    """The compile-time arguments of decode plan 5's launch (`_gdn_decode_loop_kernel`) for a decode
+    config `cfg`: one place for the tile, program-count and flag arithmetic, shared by the launch
+    below and by scripts/kernel_regs.py's offline register screen. `capped=False` leaves the flush
+    capacity off (the launch passes whether it has a flush index); `FCAP` is on only where the config
+    has a capacity and a flush row gets more programs than a non-flush row."""
+    bv = min(triton.next_power_of_2(V), cfg.block_v)
+    vs = loop_programs(V, bv, cfg.loop_split)
+    vsf = loop_programs(V, bv, cfg.flush_split) if cfg.flush_split else 0  # 0: as VS
+    return dict(
+        H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=bv, BVF=min(cfg.flush_cols, bv), RL=RL,
+        RLB=triton.next_power_of_2(RL), EVICT=cfg.evict_first, UNROLL=gdn_replay_unroll(), TREE=tree,
+        RT=gdn_history_rt(decode=True), ORDER=ordered, RAW_K=raw_k, NSTG=cfg.num_stages, VS=vs, VSF0=vsf,
+        SPLIT=split, HALF=half, FCAP=bool(capped and cfg.flush_cap and vsf > vs),
+    )
+
+
 def gdn_replay_decode(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -295,9 +313,10 @@ def gdn_replay_decode(
             raise ValueError(f"decode plan 5 runs the exact path in its programs: one warp in the "
                              f"{GDN_K_FORMS[tree]} form; use num_warps=1 or REPLAYSSM_CONFIG=gdn_k_tree=1")
         ring_fk = rings.replay_keys(tree)
-        VS = loop_programs(V, bv_cfg, cfg.loop_split)
-        VSF = loop_programs(V, bv_cfg, cfg.flush_split) if cfg.flush_split else 0  # 0: as VS
-        capped = bool(cfg.flush_cap) and flush_index is not None and VSF > VS
+        meta = plan5_constexprs(cfg, H, HV, K, V, RL, tree=tree, split=split, half=half,
+                                ordered=row_order is not None, raw_k=rings.has_raw_keys,
+                                capped=flush_index is not None)
+        VS, VSF, capped = meta["VS"], meta["VSF0"], meta["FCAP"]
         if capped:
             # flush_cap % of the rows (at least one) get the extra programs, in groups of grp rows
             grp = triton.cdiv(B, max(1, triton.cdiv(B * cfg.flush_cap, 100)))
@@ -317,11 +336,8 @@ def gdn_replay_decode(
             state.stride(0), rings.d.stride(0), rings.rawv.stride(0), ring_fk.stride(0), rings.k.stride(0),
             rings.rawk.stride(0), rings.g.stride(0), rings.beta.stride(0),
             B, grp, n_groups,
-            H=H, HV=HV, K=K, V=V, BK=BK, BV=bv_cfg, BVF=min(cfg.flush_cols, bv_cfg), RL=RL,
-            RLB=triton.next_power_of_2(RL), EVICT=cfg.evict_first, UNROLL=gdn_replay_unroll(), TREE=tree,
-            RT=gdn_history_rt(decode=True), ORDER=row_order is not None, RAW_K=rings.has_raw_keys,
-            NSTG=cfg.num_stages, VS=VS, VSF0=VSF, SPLIT=split, HALF=half, FCAP=capped, num_warps=cfg.num_warps,
-            num_stages=max(1, cfg.num_stages), **maxnreg_option(gdn_decode_maxnreg()),
+            **meta, num_warps=cfg.num_warps, num_stages=max(1, cfg.num_stages),
+            **maxnreg_option(gdn_decode_maxnreg()),
         )
     elif cfg.split in (3, 4):
         # One launch fewer: the state launch of the two-launch pair also runs the flush rows; plan 4
