@@ -22,6 +22,7 @@ import os
 import re
 import subprocess
 import tempfile
+from dataclasses import replace
 
 os.environ.pop("TRITON_INTERPRET", None)
 
@@ -429,6 +430,7 @@ def decode_plan5_rows(H=16, HV=32, K=128, V=128, L=16, caps=(0, 96, 80)):
     tree = gdn_k_tree(K)  # the replay form in effect; the tree and shuffle forms read the fp32 `k` ring
     ptrs = {**gdn_pointers(), "ring_fk": "*fp32" if tree else "*bf16", "ring_kn": "*fp32", "ring_kraw": "*bf16",
             "row_order": "*i32", "flush_index": "*i32"}
+    base = replace(cfg, maxnreg=0)  # the plan's own cap (its eleventh number) is one of `caps`' rows
     rows = []
     for fcap in (bool(cfg.flush_cap), False) if cfg.flush_cap else (False,):
         cv = plan5_constexprs(cfg, H, HV, K, V, L, tree=tree, split=True, half=True, ordered=True,
@@ -437,7 +439,7 @@ def decode_plan5_rows(H=16, HV=32, K=128, V=128, L=16, caps=(0, 96, 80)):
         for cap in caps:
             comp = compile_variant(kern, sig, cv, cfg.num_warps, max(1, cfg.num_stages), maxnreg=cap)  # as the launch
             regs, st, ld = ptxas_report(kern, sig, cv, cfg.num_warps, compiled=comp)
-            rows.append({"plan": cfg.key() if fcap else cfg.key().rsplit("x", 1)[0] + " (no capacity)",
+            rows.append({"plan": base.key() if fcap else replace(base, flush_cap=0).key() + " (no capacity)",
                          "maxnreg": cap, "regs": regs, "spill_stores": st, "spill_loads": ld,
                          "smem": comp.metadata.shared,
                          "programs_by_regs": min(32, 65536 // (regs * 32 * cfg.num_warps))})

@@ -296,17 +296,17 @@ def test_removed_verify_fold_keys_are_refused(monkeypatch):
 
 def test_gdn_decode_config_by_batch(monkeypatch, device, assert_within_baseline):
     """The decode's default plan by batch: plan 3 below `gdn_decode_large_from` (64) rows, plan 5 with
-    the flush rows on 8 programs from there (0 = never), on split pools with three stages and a flush
-    capacity of 13 %; a `gdn_decode` override at every batch. The launch follows it: with the
-    threshold at 2 rows, a 3-row decode runs the large-batch plan (capacity included) with its
-    committed state bit-exact through flushes."""
+    the flush rows on 8 programs from there (0 = never), on split pools with one load stage, a flush
+    capacity of 13 % and a register cap of 96; a `gdn_decode` override at every batch. The launch
+    follows it: with the threshold at 2 rows, a 3-row decode runs the large-batch plan (capacity
+    included) with its committed state bit-exact through flushes."""
     from replayssm_kernels import configs
     from replayssm_kernels.configs import gdn_decode_config, override
 
     monkeypatch.setattr(configs, "_OVERRIDES", {})
     assert gdn_decode_config(128, 128).key() == gdn_decode_config(128, 128, rows=63).key() == "3x16x1x3x8x0x1"
     assert gdn_decode_config(128, 128, rows=64).key() == "5x16x1x2x8x0x1x1x8"
-    assert gdn_decode_config(128, 128, rows=64, split_ckpt=True).key() == "5x16x1x3x8x0x1x1x8x13"
+    assert gdn_decode_config(128, 128, rows=64, split_ckpt=True).key() == "5x16x1x1x8x0x1x1x8x13x96"
     assert gdn_decode_config(128, 128, rows=63, split_ckpt=True).key() == "3x16x1x3x8x0x1"
     with override("gdn_decode_large_from", (0,)):
         assert gdn_decode_config(128, 128, rows=4096).split == 3
@@ -319,7 +319,7 @@ def test_gdn_decode_config_by_batch(monkeypatch, device, assert_within_baseline)
 
     def spy(K, V, rows=None, split_ckpt=False):
         cfg = real(K, V, rows=rows, split_ckpt=split_ckpt)
-        seen.append((rows, cfg.split, (cfg.num_stages, cfg.flush_cap), split_ckpt))
+        seen.append((rows, cfg.split, (cfg.num_stages, cfg.flush_cap, cfg.maxnreg), split_ckpt))
         return cfg
 
     import replayssm_kernels.gdn.decode as dec
@@ -328,9 +328,9 @@ def test_gdn_decode_config_by_batch(monkeypatch, device, assert_within_baseline)
     with override("gdn_decode_large_from", (2,)):
         test_gdn_decode(3, 1, 2, 48, 40, 4, bf16, 9, device, assert_within_baseline)
     assert seen and all(split == 5 for rows, split, *_ in seen if rows >= 2), seen
-    # the launch passes its pool's layout (the harness's default, split): the split plan's three stages
-    # and flush capacity
-    assert {(plan, lay) for rows, split, plan, lay in seen if rows >= 2} == {((3, 13), True)}, seen
+    # the launch passes its pool's layout (the harness's default, split): the split plan's one stage,
+    # flush capacity and register cap
+    assert {(plan, lay) for rows, split, plan, lay in seen if rows >= 2} == {((1, 13, 96), True)}, seen
 
 
 def test_gdn_loop_split_config(monkeypatch):
@@ -1112,24 +1112,41 @@ def test_gdn_verify_maxnreg_config_and_launch(monkeypatch, device, assert_within
 
 
 def test_gdn_decode_maxnreg_config_and_launch(monkeypatch, device, assert_within_baseline):
-    """configs.gdn_decode_maxnreg: 0 (no cap) by default, 24..255 or refused, 0 under the
-    interpreter; when set, decode plan 5's programs are compiled with it as `maxnreg` (none when 0),
-    and the committed state stays bit-exact through flushes (on the CPU the spy drops it before the
-    interpreter)."""
+    """Decode plan 5's register cap: a plan's eleventh number (plan 5 only; 0 or 96..255), 96 in the
+    split layout's large-batch plan; `gdn_decode_maxnreg`, when set, replaces the plan's (0 = none;
+    below 96 refused: 80 failed the GPU check in session 45); 0 under the interpreter. The launch
+    compiles plan 5's programs with the cap in effect as `maxnreg` (none for 0), never another plan's,
+    and the committed state stays bit-exact through flushes (on the CPU the spy drops the option
+    before the interpreter)."""
     from replayssm_kernels import configs
-    from replayssm_kernels.configs import override
+    from replayssm_kernels.configs import gdn_decode_config, override
     from replayssm_kernels.gdn import decode as dec
 
     interp = os.environ.get("TRITON_INTERPRET", "0")
     monkeypatch.setattr(configs, "_OVERRIDES", {})
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    assert configs.gdn_decode_maxnreg() == 0 and "gdn_decode_maxnreg=0" in configs.describe()
-    with override("gdn_decode_maxnreg", (96,)):
-        assert configs.gdn_decode_maxnreg() == 96 and configs.gdn_verify_maxnreg() == 0
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-        assert configs.gdn_decode_maxnreg() == 0
-    with override("gdn_decode_maxnreg", (12,)), pytest.raises(ValueError, match="gdn_decode_maxnreg.*REPLAYSSM_CONFIG"):
-        configs.gdn_decode_maxnreg()
+    served = gdn_decode_config(128, 128, rows=256, split_ckpt=True)
+    assert served.maxnreg == 96 and gdn_decode_config(128, 128, rows=256).maxnreg == 0
+    assert configs.gdn_decode_maxnreg(served) == 96 and configs.gdn_decode_maxnreg() == 0
+    assert "gdn_decode_maxnreg=plan" in configs.describe()
+    for n in (0, 128):
+        with override("gdn_decode_maxnreg", (n,)):
+            assert configs.gdn_decode_maxnreg(served) == n and configs.gdn_verify_maxnreg() == 0
+            assert f"gdn_decode_maxnreg={n} " in configs.describe()
+    with override("gdn_decode", (5, 16, 1, 1, 8, 0, 1, 1, 8, 13, 112)):
+        cfg = gdn_decode_config(128, 128)
+        assert cfg.maxnreg == 112 and cfg.key() == "5x16x1x1x8x0x1x1x8x13x112"
+        assert configs.gdn_decode_maxnreg(cfg) == 112
+    assert configs.parse_plan("gdn_decode", "5x16x1x1x8x0x1x1x8x13x96")[-1] == 96
+    for bad in ((5, 16, 1, 1, 8, 0, 1, 1, 8, 13, 80), (3, 16, 1, 3, 8, 0, 1, 1, 0, 0, 96)):
+        with override("gdn_decode", bad), pytest.raises(ValueError, match="gdn_decode.*REPLAYSSM_CONFIG"):
+            gdn_decode_config(128, 128)
+    for bad in (12, 80, 256):
+        with override("gdn_decode_maxnreg", (bad,)), pytest.raises(ValueError,
+                                                                   match="gdn_decode_maxnreg.*REPLAYSSM_CONFIG"):
+            configs.gdn_decode_maxnreg(served)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert configs.gdn_decode_maxnreg(served) == 0
     monkeypatch.setenv("TRITON_INTERPRET", interp)
 
     seen = []
@@ -1144,13 +1161,20 @@ def test_gdn_decode_maxnreg_config_and_launch(monkeypatch, device, assert_within
                 return kernel[grid](*a, **k)
             return launch
 
+    def as_on_gpu(cfg=None):  # the cap the launch would pass outside the interpreter
+        with monkeypatch.context() as m:
+            m.setenv("TRITON_INTERPRET", "0")
+            return configs.gdn_decode_maxnreg(cfg)
+
     monkeypatch.setattr(dec, "_gdn_decode_loop_kernel", Spy())
+    monkeypatch.setattr(dec, "gdn_decode_maxnreg", as_on_gpu)
     with override("gdn_decode_large_from", (2,)):
-        for cap, want in ((96, {96}), (0, {None})):
+        for items, want in (((), {96}), ((("gdn_decode_maxnreg", (0,)),), {None}),
+                            ((("gdn_decode_maxnreg", (128,)),), {128})):
             seen.clear()
-            monkeypatch.setattr(dec, "gdn_decode_maxnreg", lambda cap=cap: cap)
-            test_gdn_decode(3, 1, 2, 48, 40, 4, bf16, 9, device, assert_within_baseline)
-            assert seen and set(seen) == want, (cap, seen)
+            with configs.overrides(items):
+                test_gdn_decode(3, 1, 2, 48, 40, 4, bf16, 9, device, assert_within_baseline)
+            assert seen and set(seen) == want, (items, seen)
         seen.clear()
         with override("gdn_decode", (3, 16, 1, 3, 8, 0, 1)):  # plan 3: not the looping programs
             test_gdn_decode(3, 1, 2, 48, 40, 4, bf16, 9, device, assert_within_baseline)

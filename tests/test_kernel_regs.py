@@ -74,10 +74,11 @@ def test_pdl_screen():
 
 def test_decode_plan5_register_cap_screen():
     """The served GDN decode plan 5 (split checkpoints, flush capacity, the replay form in effect)
-    built with and without a register cap (configs.gdn_decode_maxnreg): the cap reaches ptxas (at
-    most that many registers, for the plan without the capacity too), and the served plan's own
-    choice is above 96, so a cap of 96 raises the programs an SM holds (session 44: 128 without,
-    as Nsight Compute read it on the GPU; the plan without the capacity 96, as session 43's did)."""
+    built with and without a register cap (configs.gdn_decode_maxnreg; the plan's own is 96 since
+    session 45): the cap reaches ptxas (at most that many registers, for the plan without the
+    capacity too), and the compiler's own choice is above 96, so the cap of 96 raises the programs an
+    SM holds (session 44: 128 without, as Nsight Compute read it on the GPU; the plan without the
+    capacity 96, as session 43's did)."""
     lines = [ln for ln in run_compiled("kernel_regs", "--decode-plan5", "--caps", "0,96,80").splitlines()
              if ln.startswith("|")]
     rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:]]

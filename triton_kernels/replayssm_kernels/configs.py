@@ -17,7 +17,7 @@ _OVERRIDES: dict[str, tuple[int, int, int]] = {}
 
 
 # name -> accepted numbers of `x`-separated integers
-_OVERRIDE_ARITY = {"gdn_decode": (7, 8, 9, 10), "gdn_verify": (3, 4, 5), "gdn_verify_wide_from": (1,), "gdn_verify_large_from": (1,), "gdn_fold_cols": (1,),
+_OVERRIDE_ARITY = {"gdn_decode": (7, 8, 9, 10, 11), "gdn_verify": (3, 4, 5), "gdn_verify_wide_from": (1,), "gdn_verify_large_from": (1,), "gdn_fold_cols": (1,),
                    "gdn_ring_min_batch": (1,),
                    "mamba2_ring_min_batch": (1,), "mamba2_decode": (4,),
                    "mamba2_decode_tile": (3,), "mamba2_verify_tile": (3,), "mamba2_chunk_min_batch": (1,),
@@ -70,7 +70,9 @@ def describe() -> str:
         "verify: the batch thresholds of its three default plans)",
         f"gdn_verify_maxnreg={gdn_verify_maxnreg()} (GDN verify plans 5 and 6: register cap of the looping "
         "programs; 0 = none)",
-        f"gdn_decode_maxnreg={gdn_decode_maxnreg()} (GDN decode plan 5: register cap of its programs; 0 = none)",
+        f"gdn_decode_maxnreg={_OVERRIDES.get('gdn_decode_maxnreg', ('plan',))[0]} (GDN decode plan 5: register "
+        "cap of its programs, replacing the plan's own (its eleventh number; 96 in the split layout's "
+        "large-batch plan) when set; 0 = none)",
         f"gdn_fold_cols={gdn_fold_cols()}",
         f"gdn_fold_narrow_below={gdn_fold_narrow_below()} (GDN fold: "
         "below this many rows one gdn_fold_cols sub-tile per program instead of 32 columns; 0 = never)",
@@ -207,6 +209,8 @@ class GDNDecodeConfig:
         once: 53,760 of the 65,536 programs of a launch at batch 256, HV 32, perf.md session 43).
         A flush row past the capacity runs on its own `loop_split` programs. Needs the flush index
         of `cursors.decode_row_order` (without it the plan runs its full grid).
+        `maxnreg` (the eleventh number; 0 when absent = the compiler's choice): plan 5's register
+        cap a program (`gdn_decode_maxnreg`, when set, replaces it).
     flush_cols: V columns replayed at a time by the exact (flush) path (divides 32).
     use_dot: non-flush products on tensor cores (tf32x3) instead of warp reductions.
     evict_first: stream the checkpoint through L2 on non-flush rows.
@@ -222,13 +226,17 @@ class GDNDecodeConfig:
     loop_split: int = 1
     flush_split: int = 0
     flush_cap: int = 0
+    maxnreg: int = 0
 
     def key(self) -> str:
         """The `REPLAYSSM_CONFIG` / benchmark spelling, e.g. `2x16x1x3x32x0x1` (an eighth number only
-        for a loop split other than 1, a ninth for a flush split, a tenth for a flush capacity)."""
+        for a loop split other than 1, a ninth for a flush split, a tenth for a flush capacity, an
+        eleventh for a register cap)."""
         nums = (self.split, self.block_v, self.num_warps, self.num_stages, self.flush_cols, self.use_dot,
                 self.evict_first)
-        if self.flush_cap:
+        if self.maxnreg:
+            nums += (self.loop_split, self.flush_split, self.flush_cap, self.maxnreg)
+        elif self.flush_cap:
             nums += (self.loop_split, self.flush_split, self.flush_cap)
         elif self.flush_split:
             nums += (self.loop_split, self.flush_split)
@@ -269,7 +277,13 @@ _GDN_DECODE_LARGE = GDNDecodeConfig(split=5, block_v=16, num_warps=1, num_stages
 # 169.0 / 312.3 us at batch 256 against 189.4 / 353.6 without, HV 32 / 64; 7 % gave 165.3 / 314.5, 25 %
 # 171.2 / 315.7; each plan checked bit-exact on the GPU first). 13 % keeps room for ~2x the 1/16 of the
 # rows that flush on an even spread of slot phases; rows past it flush on their own programs.
-_GDN_DECODE_LARGE_SPLIT = replace(_GDN_DECODE_LARGE, num_stages=3, flush_cap=13)
+# Since session 45 with one load stage and a register cap of 96 (H200, 2026-12-06, docs/perf.md run 21:
+# staggered 140.4 / 264.0 us at batch 256 against three stages without a cap 152.0 / 282.7, HV 32 / 64,
+# SGLang's packed decode 268.4 / 529.2; three stages at the cap 145.5 / 276.6, the register prefetch
+# (stages 0) at the cap 203.3 / 388.4, it spills; each plan checked bit-exact on the GPU first). The cap
+# lets 21 one-warp programs share an SM instead of 16 (offline, ptxas for sm_90: 128 registers without
+# it, 96 with no spills); one stage needs 1 KB of shared memory a program instead of 9.4 KB.
+_GDN_DECODE_LARGE_SPLIT = replace(_GDN_DECODE_LARGE, num_stages=1, flush_cap=13, maxnreg=96)
 _GDN_DECODE_LARGE_FROM = 64
 
 
@@ -292,6 +306,7 @@ def gdn_decode_config(K: int, V: int, rows: Optional[int] = None, split_ckpt: bo
     loop_split = int(ls[0]) if ls else 1
     flush_split = int(ls[1]) if len(ls) > 1 else 0
     flush_cap = int(ls[2]) if len(ls) > 2 else 0
+    maxnreg = int(ls[3]) if len(ls) > 3 else 0
     if loop_split < 1 or (loop_split != 1 and split != 5):
         raise ValueError(f"gdn_decode: an eighth number (loop split >= 1) is decode plan 5's only, got "
                          f"{_OVERRIDES['gdn_decode']}; fix REPLAYSSM_CONFIG")
@@ -301,8 +316,12 @@ def gdn_decode_config(K: int, V: int, rows: Optional[int] = None, split_ckpt: bo
     if len(ls) > 2 and not (0 <= flush_cap <= 100 and (flush_cap == 0 or flush_split > loop_split)):
         raise ValueError(f"gdn_decode: a tenth number (flush capacity, 0..100 % of the rows) needs a flush split "
                          f"above the loop split, got {_OVERRIDES['gdn_decode']}; fix REPLAYSSM_CONFIG")
+    if maxnreg and split != 5:
+        raise ValueError(f"gdn_decode: an eleventh number (register cap) is decode plan 5's only, got "
+                         f"{_OVERRIDES['gdn_decode']}; fix REPLAYSSM_CONFIG")
+    _check_maxnreg("gdn_decode (eleventh number)", maxnreg, _MAXNREG_MIN["decode"])
     return GDNDecodeConfig(int(split), bv, warps, stages, fcols, bool(dot), bool(evict), loop_split, flush_split,
-                           flush_cap)
+                           flush_cap, maxnreg)
 
 
 _env_overrides()
@@ -641,26 +660,35 @@ _GDN_PDL = 0
 # one-warp program, 16 programs an SM by either (theoretical occupancy 25 %), where session 43's
 # build of the plan without the flush capacity had 96 (20 an SM). Offline (ptxas for sm_90, session
 # 44, scripts/kernel_regs.py --decode-plan5, which gives the same 128 / 96) a cap of 96 costs the
-# capped plan no spills, 80 costs 8 bytes. Not timed yet.
-_GDN_MAXNREG = {"verify": 0, "decode": 0}
+# capped plan no spills, 80 costs 8 bytes. Timed in session 45 (H200, perf.md run 21): 96 is the
+# split layout's large-batch plan's own cap now (its eleventh number); `gdn_decode_maxnreg`, when set,
+# replaces a plan's cap (0 = none). Below 96 a decode cap is refused: at 80 the benchmark's GPU check
+# failed (NaN outputs of plan 5 with fp32 activations at batch 2, H200, session 45).
+_GDN_MAXNREG = {"verify": 0}
+_MAXNREG_MIN = {"verify": 24, "decode": 96}
 
 
-def _gdn_maxnreg(which: str) -> int:
-    name = f"gdn_{which}_maxnreg"
-    n = _OVERRIDES.get(name, (_GDN_MAXNREG[which],))[0]
-    if n and not 24 <= n <= 255:
-        raise ValueError(f"{name}: 0 or 24..255 registers, got {n}; fix REPLAYSSM_CONFIG")
-    return 0 if interpreted() else n
+def _check_maxnreg(name: str, n: int, lo: int) -> None:
+    if n and not lo <= n <= 255:
+        raise ValueError(f"{name}: 0 or {lo}..255 registers, got {n}; fix REPLAYSSM_CONFIG")
 
 
 def gdn_verify_maxnreg() -> int:
     """The register cap of the GDN verify's looping programs (0 = none; ignored by the interpreter)."""
-    return _gdn_maxnreg("verify")
+    n = _OVERRIDES.get("gdn_verify_maxnreg", (_GDN_MAXNREG["verify"],))[0]
+    _check_maxnreg("gdn_verify_maxnreg", n, _MAXNREG_MIN["verify"])
+    return 0 if interpreted() else n
 
 
-def gdn_decode_maxnreg() -> int:
-    """The register cap of GDN decode plan 5's programs (0 = none; ignored by the interpreter)."""
-    return _gdn_maxnreg("decode")
+def gdn_decode_maxnreg(cfg: Optional[GDNDecodeConfig] = None) -> int:
+    """The register cap of GDN decode plan 5's programs for the plan `cfg`: `gdn_decode_maxnreg` when
+    set (0 = none), else the plan's own (0 without a plan); ignored by the interpreter."""
+    if "gdn_decode_maxnreg" in _OVERRIDES:
+        n = _OVERRIDES["gdn_decode_maxnreg"][0]
+        _check_maxnreg("gdn_decode_maxnreg", n, _MAXNREG_MIN["decode"])
+    else:
+        n = cfg.maxnreg if cfg is not None else 0
+    return 0 if interpreted() else n
 
 
 def maxnreg_option(n: int) -> dict:

@@ -337,7 +337,7 @@ def gdn_replay_decode(
             rings.rawk.stride(0), rings.g.stride(0), rings.beta.stride(0),
             B, grp, n_groups,
             **meta, num_warps=cfg.num_warps, num_stages=max(1, cfg.num_stages),
-            **maxnreg_option(gdn_decode_maxnreg()),
+            **maxnreg_option(gdn_decode_maxnreg(cfg)),
         )
     elif cfg.split in (3, 4):
         # One launch fewer: the state launch of the two-launch pair also runs the flush rows; plan 4
