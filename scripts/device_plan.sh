@@ -598,6 +598,11 @@ step_spec256() {
   # SPEC_CONC=256 SPEC_ARGS="--output-len 1024", so that the decode steps outweigh the two waves of
   # prefill (session 25: at output 256 each case logged one decode-only window per side).
   # SPEC_MODEL (default gdn): e.g. qwen35_4b, the dense Qwen3.5-4B look-alike (24 GDN layers).
+  # Both sides get a 1 GiB flashinfer workspace (SGLang's default is 384 MiB): on the H200 in session
+  # 45, ours' server with --attention-backend flashinfer at 256 running requests died capturing its
+  # CUDA graphs ("Buffer overflow when allocating memory for batch_prefill_tmp_s"); with 1 GiB both
+  # sides served. A workspace set in the environment is kept.
+  export SGLANG_FLASHINFER_WORKSPACE_SIZE=${SGLANG_FLASHINFER_WORKSPACE_SIZE:-1073741824}
   local layers=() up=()
   [ -n "${SPEC_SSM_LAYERS:-}" ] && layers=(--ssm-layers "$SPEC_SSM_LAYERS")
   case ",${SPEC_SIDES:-stock,ours}," in

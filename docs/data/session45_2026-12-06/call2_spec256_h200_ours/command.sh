@@ -1,0 +1,1 @@
+export SGLANG_FLASHINFER_WORKSPACE_SIZE=1073741824; SPEC_SIDES=ours SPEC_CONC=256 SPEC_SSM_LAYERS=36 SPEC_ARGS="--attention-backend flashinfer" SPEC_POOL_ARGS="--disable-radix-cache --max-running-requests 256" PLAN_DEADLINE_S=570 bash scripts/device_plan.sh install spec256
