@@ -148,7 +148,12 @@ def _check_launch_plans(r: _Report) -> None:
         r.line(FAIL, f"kernel launch plans: {type(e).__name__}: {e}", "fix or unset REPLAYSSM_CONFIG")
         return
     src = "REPLAYSSM_CONFIG" if os.environ.get("REPLAYSSM_CONFIG") else "defaults"
-    for line in configs.describe().splitlines():
+    try:
+        text = configs.describe()  # each value is checked as it is read (e.g. a register cap's range)
+    except ValueError as e:
+        r.line(FAIL, f"kernel launch plans: {e}", "fix or unset REPLAYSSM_CONFIG")
+        return
+    for line in text.splitlines():
         r.line(OK, f"launch plan ({src}): {line}")
 
 

@@ -599,6 +599,13 @@ def test_doctor_rejects_a_bad_replayssm_config():
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "REPLAYSSM_CONFIG: bad entry 'gdn_decode=2x16'" in proc.stdout
     assert "fix: fix or unset REPLAYSSM_CONFIG" in proc.stdout
+    # a value that parses but is out of range: a decode register cap below 96 (NaN on the H200, session 45)
+    env["REPLAYSSM_CONFIG"] = "gdn_decode_maxnreg=80"
+    proc = subprocess.run([sys.executable, "-m", "sglang_replayssm.cli", "doctor", "--no-selftest"],
+                          capture_output=True, text=True, timeout=600, cwd=str(Path.home()), env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "[FAIL] kernel launch plans: gdn_decode_maxnreg: 0 or 96..255 registers, got 80" in proc.stdout, proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
     env["REPLAYSSM_CONFIG"] = "gdn_ring_min_batch=1"
     proc = subprocess.run([sys.executable, "-m", "sglang_replayssm.cli", "doctor", "--no-selftest"],
                           capture_output=True, text=True, timeout=600, cwd=str(Path.home()), env=env)

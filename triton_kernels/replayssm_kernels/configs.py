@@ -70,7 +70,7 @@ def describe() -> str:
         "verify: the batch thresholds of its three default plans)",
         f"gdn_verify_maxnreg={gdn_verify_maxnreg()} (GDN verify plans 5 and 6: register cap of the looping "
         "programs; 0 = none)",
-        f"gdn_decode_maxnreg={_OVERRIDES.get('gdn_decode_maxnreg', ('plan',))[0]} (GDN decode plan 5: register "
+        f"gdn_decode_maxnreg={gdn_decode_maxnreg() if 'gdn_decode_maxnreg' in _OVERRIDES else 'plan'} (GDN decode plan 5: register "
         "cap of its programs, replacing the plan's own (its eleventh number; 96 in the split layout's "
         "large-batch plan) when set; 0 = none)",
         f"gdn_fold_cols={gdn_fold_cols()}",
