@@ -70,9 +70,9 @@ def describe() -> str:
         "verify: the batch thresholds of its three default plans)",
         f"gdn_verify_maxnreg={gdn_verify_maxnreg()} (GDN verify plans 5 and 6: register cap of the looping "
         "programs; 0 = none)",
-        f"gdn_decode_maxnreg={gdn_decode_maxnreg() if 'gdn_decode_maxnreg' in _OVERRIDES else 'plan'} (GDN decode plan 5: register "
-        "cap of its programs, replacing the plan's own (its eleventh number; 96 in the split layout's "
-        "large-batch plan) when set; 0 = none)",
+        f"gdn_decode_maxnreg={gdn_decode_maxnreg() if 'gdn_decode_maxnreg' in _OVERRIDES else 'plan'} "
+        "(GDN decode plan 5: register cap of its programs, replacing the plan's own (its eleventh number; "
+        "96 in the split layout's large-batch plan) when set; 0 = none)",
         f"gdn_fold_cols={gdn_fold_cols()}",
         f"gdn_fold_narrow_below={gdn_fold_narrow_below()} (GDN fold: "
         "below this many rows one gdn_fold_cols sub-tile per program instead of 32 columns; 0 = never)",
@@ -282,7 +282,7 @@ _GDN_DECODE_LARGE = GDNDecodeConfig(split=5, block_v=16, num_warps=1, num_stages
 # SGLang's packed decode 268.4 / 529.2; three stages at the cap 145.5 / 276.6, the register prefetch
 # (stages 0) at the cap 203.3 / 388.4, it spills; each plan checked bit-exact on the GPU first). The cap
 # lets 21 one-warp programs share an SM instead of 16 (offline, ptxas for sm_90: 128 registers without
-# it, 96 with no spills); one stage needs 1 KB of shared memory a program instead of 9.4 KB.
+# it, 95 under it with no spills); one stage needs 1 KB of shared memory a program instead of 9.4 KB.
 _GDN_DECODE_LARGE_SPLIT = replace(_GDN_DECODE_LARGE, num_stages=1, flush_cap=13, maxnreg=96)
 _GDN_DECODE_LARGE_FROM = 64
 
