@@ -437,7 +437,7 @@ def decode_plan5_rows(H=16, HV=32, K=128, V=128, L=16, caps=(0, 96, 80)):
                               raw_k=not tree, capped=fcap)
         sig = signature(kern, ptrs, cv)
         for cap in caps:
-            comp = compile_variant(kern, sig, cv, cfg.num_warps, max(1, cfg.num_stages), maxnreg=cap)  # as the launch
+            comp = compile_variant(kern, sig, cv, cfg.num_warps, cfg.launch_stages, maxnreg=cap)  # as the launch
             regs, st, ld = ptxas_report(kern, sig, cv, cfg.num_warps, compiled=comp)
             rows.append({"plan": base.key() if fcap else replace(base, flush_cap=0).key() + " (no capacity)",
                          "maxnreg": cap, "regs": regs, "spill_stores": st, "spill_loads": ld,

@@ -228,6 +228,11 @@ class GDNDecodeConfig:
     flush_cap: int = 0
     maxnreg: int = 0
 
+    @property
+    def launch_stages(self) -> int:
+        """Triton's `num_stages` for the launch: plan 5's 0 (the register prefetch) compiles with 1."""
+        return max(1, self.num_stages)
+
     def key(self) -> str:
         """The `REPLAYSSM_CONFIG` / benchmark spelling, e.g. `2x16x1x3x32x0x1` (an eighth number only
         for a loop split other than 1, a ninth for a flush split, a tenth for a flush capacity, an

@@ -336,7 +336,7 @@ def gdn_replay_decode(
             state.stride(0), rings.d.stride(0), rings.rawv.stride(0), ring_fk.stride(0), rings.k.stride(0),
             rings.rawk.stride(0), rings.g.stride(0), rings.beta.stride(0),
             B, grp, n_groups,
-            **meta, num_warps=cfg.num_warps, num_stages=max(1, cfg.num_stages),
+            **meta, num_warps=cfg.num_warps, num_stages=cfg.launch_stages,
             **maxnreg_option(gdn_decode_maxnreg(cfg)),
         )
     elif cfg.split in (3, 4):
