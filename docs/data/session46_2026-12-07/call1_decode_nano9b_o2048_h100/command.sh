@@ -1,0 +1,2 @@
+# run tool, kind=nvidia-h200 (an H100 came), carry [".site"], timeout_s 600
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; DECODE_MODELS=nano9b DECODE_CONC=256 DECODE_SIDES=stock,ours DECODE_ARGS="--output-len 2048 --rounds 1" DECODE_POOL_ARGS="--disable-radix-cache --max-running-requests 256 --stream-interval 8" PLAN_DEADLINE_S=575 bash scripts/device_plan.sh install decode_fixed 2>&1 | tail -60

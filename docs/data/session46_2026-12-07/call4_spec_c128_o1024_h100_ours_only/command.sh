@@ -1,0 +1,2 @@
+# run tool, same warm H100, carry [".site"], timeout_s 570; ours' case ran, stock's did not fit the time left
+nvidia-smi --query-gpu=name --format=csv,noheader; SPEC_SIDES=ours,stock SPEC_CONC=128 SPEC_SSM_LAYERS=36 SPEC_ARGS="--attention-backend flashinfer --output-len 1024" SPEC_POOL_ARGS="--disable-radix-cache --max-running-requests 128" PLAN_DEADLINE_S=540 bash scripts/device_plan.sh spec256 2>&1 | tail -30
