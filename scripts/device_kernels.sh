@@ -10,7 +10,7 @@
 # .whl is built by ../shared/devtools/sglang_device_wheels.sh (SGLang 0.5.17 for the baselines);
 # carry .site instead (scripts/device_site_pack.sh) to have the whole server set in the same call.
 # Writes $OUT/{kernel_tests.log, profile_gdn.log, bench.log, bench.json}; prints the tables last.
-# Parts: tests | gdntests (GDN only) | profile | bench | m2profile | pdlprobe | ncu (default: the first three; m2profile:
+# Parts: tests | gdntests (GDN only, with the split-checkpoint tests) | profile | bench | m2profile | pdlprobe | ncu (default: the first three; m2profile:
 # the Mamba-2 per-phase profile, $OUT/profile_m2.{log,json}; M2PROFILE_ARGS adds flags; pdlprobe:
 # scripts/pdl_probe.py, $OUT/pdl_probe.log, PDLPROBE_ARGS adds flags, PDLPROBE_TIMEOUT default 300 s; ncu:
 # Nsight Compute's full sections on the GDN decode at batch 256, ours and SGLang's packed decode
@@ -40,7 +40,7 @@ if has tests; then
   echo "kernel tests rc=$? ($(tail -1 "$OUT/kernel_tests.log"))"
 fi
 if has gdntests; then
-  timeout "${GDNTESTS_TIMEOUT:-240}" python3 -m pytest tests/test_gdn_kernels.py -q -p no:cacheprovider \
+  timeout "${GDNTESTS_TIMEOUT:-240}" python3 -m pytest tests/test_gdn_kernels.py tests/test_gdn_ckpt_split.py -q -p no:cacheprovider \
     ${GDNTESTS_K:+-k "$GDNTESTS_K"} > "$OUT/gdn_tests.log" 2>&1
   echo "gdn kernel tests rc=$? ($(tail -1 "$OUT/gdn_tests.log"))"
 fi

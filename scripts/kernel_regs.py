@@ -416,16 +416,17 @@ def pdl_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
     return rows
 
 
-def decode_plan5_rows(H=16, HV=32, K=128, V=128, L=16, caps=(0, 96, 80)):
+def decode_plan5_rows(H=16, HV=32, K=128, V=128, L=16, caps=(0, 96, 80), dot=False):
     """GDN decode plan 5 as served on split checkpoints (configs.gdn_decode_config at 256 rows, bf16
     activations: outputs from the checkpoint's `hi` plane; the replay form in effect, and its rings),
     with and without its flush capacity, at each register cap of `caps` (configs.gdn_decode_maxnreg;
-    0 = none): registers, spills, shared memory and the one-warp programs an SM holds by registers."""
+    0 = none): registers, spills, shared memory and the one-warp programs an SM holds by registers.
+    `dot`: the plan with its tensor-core products (its sixth number 1)."""
     from replayssm_kernels.configs import gdn_decode_config, gdn_k_tree
     from replayssm_kernels.gdn import verify_loop
     from replayssm_kernels.gdn.decode import plan5_constexprs
 
-    cfg = gdn_decode_config(K, V, rows=256, split_ckpt=True)
+    cfg = replace(gdn_decode_config(K, V, rows=256, split_ckpt=True), use_dot=dot)
     kern = verify_loop._gdn_decode_loop_kernel
     tree = gdn_k_tree(K)  # the replay form in effect; the tree and shuffle forms read the fp32 `k` ring
     ptrs = {**gdn_pointers(), "ring_fk": "*fp32" if tree else "*bf16", "ring_kn": "*fp32", "ring_kraw": "*bf16",
@@ -510,6 +511,8 @@ def main(argv=None):
                     help="only GDN decode plan 5 as served on split checkpoints, per register cap")
     ap.add_argument("--caps", default="0,96,80",
                     help="with --decode-plan5: register caps to build (configs.gdn_decode_maxnreg; 0 = none)")
+    ap.add_argument("--dot", action="store_true",
+                    help="with --decode-plan5: the plan's tensor-core products (its sixth number 1)")
     ap.add_argument("--pdl", action="store_true",
                     help="only the GDN prep/state pair with and without programmatic dependent launch")
     args = ap.parse_args(argv)
@@ -517,7 +520,7 @@ def main(argv=None):
         print(f"| GDN decode plan 5, split checkpoints (sm_90, triton {triton.__version__}) | maxnreg | registers | "
               "spill stores (B) | spill loads (B) | shared memory (B) | one-warp programs an SM by registers |")
         print("|---|---:|---:|---:|---:|---:|---:|")
-        for r in decode_plan5_rows(caps=tuple(int(x) for x in args.caps.split(","))):
+        for r in decode_plan5_rows(caps=tuple(int(x) for x in args.caps.split(",")), dot=args.dot):
             print(f"| {r['plan']} | {r['maxnreg']} | {r['regs']} | {r['spill_stores']} | {r['spill_loads']} | "
                   f"{r['smem']} | {r['programs_by_regs']} |", flush=True)
         return

@@ -9,10 +9,13 @@ interpreter every form matches SGLang's kernel, and small heads keep the run sho
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from replayssm_kernels import decode_prepare
-from replayssm_kernels.configs import override, overrides
+from replayssm_kernels.configs import interpreted, override, overrides
 from replayssm_kernels.gdn import gdn_replay_decode, gdn_replay_fold, split_ckpt_decode, split_ckpt_encode
+from replayssm_kernels.gdn import verify_loop
 from replayssm_kernels.gdn.ckpt import split_ckpt_convert, split_ckpt_hi
 from sglang_replayssm.testing import GDNHarness
 
@@ -84,6 +87,10 @@ def test_split_convert_kernel_matches_the_reference_and_touches_only_the_given_s
     pytest.param((4, 16, 1, 3, 16, 0, 1), (48, 40, 4), id="plan4"),
     pytest.param((5, 16, 1, 2, 16, 0, 1, 2, 3), (48, 40, 4), id="plan5-split2-flushsplit3"),
     pytest.param((5, 16, 1, 3, 8, 0, 1, 1, 8), (128, 128, 16), id="plan5-flushsplit8-K128"),
+    # Plan 5's tensor-core products (its sixth number; split checkpoints with bf16 activations):
+    # the outputs of non-flush rows from bf16 products of the hi planes.
+    pytest.param((5, 16, 1, 1, 16, 1, 1, 2, 3, 25), (48, 40, 4), id="plan5-dot-split2-flushsplit3-cap25"),
+    pytest.param((5, 16, 1, 0, 16, 1, 1, 1, 3), (48, 40, 4), id="plan5-dot-prefetch-flushsplit3"),
 ])
 def test_gdn_decode_split_ckpt(cfg, shape, device, assert_within_baseline):
     """Every decode plan on a split-layout pool: the state `torch.equal` to SGLang's kernel after
@@ -92,6 +99,67 @@ def test_gdn_decode_split_ckpt(cfg, shape, device, assert_within_baseline):
     L = shape[2]
     with overrides([SPLIT, ("gdn_decode", cfg)]):
         gk.test_gdn_decode(2, 1, 2, K, V, L, bf16, 18 if L == 16 else 9, device, assert_within_baseline)
+
+
+@triton.jit
+def _tile_products_probe(h, kq, out, DOT: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):
+    """Decode plan 5's `(S k, S q)` of one bf16 tile (`[BV, BK]`) with the given `DOT` form."""
+    o_v = tl.arange(0, BV)
+    o_k = tl.arange(0, BK)
+    b_h = tl.load(h + o_v[:, None] * BK + o_k[None, :])
+    b_ks = tl.load(kq + o_k)
+    b_qs = tl.load(kq + BK + o_k)
+    if DOT > 0:
+        b_p = verify_loop._decode_probe_halves(kq, kq + BK, 1.0, 1.0, BK, BK, 16)
+        b_sk, b_sq = verify_loop._tile_products(b_h, b_ks, b_qs, b_p, DOT, 16)
+    else:
+        b_sk, b_sq = verify_loop._tile_products(b_h.to(tl.float32), b_ks, b_qs, b_ks, DOT, 16)
+    tl.store(out + o_v, b_sk)
+    tl.store(out + BV + o_v, b_sq)
+
+
+def test_plan5_tensor_core_products_keep_fp32_accuracy(device):
+    """Plan 5's tensor-core form (`_tile_products`, `DOT` 1 on the GPU, 2 under the interpreter) gives
+    `S k` and `S q` of the bf16 `hi` tile to about fp32 accuracy: the key and query go in as two
+    bf16 halves each. With the high halves alone the products would be ~2^-9 off; the bound below
+    is 2^-15 of the sums' magnitudes, and the fp32 warp reductions (`DOT` 0) meet it too."""
+    gen = torch.Generator().manual_seed(46)
+    BV, BK = 16, 128
+    h = torch.randn(BV, BK, generator=gen).to(bf16).to(device)
+    kq = torch.randn(2, BK, generator=gen)
+    kq = (kq / kq.norm(dim=1, keepdim=True)).to(device)
+    want = h.double() @ kq.double().T  # [BV, 2]
+    mag = h.double().abs() @ kq.double().abs().T
+    for dot in (0, 2 if interpreted() else 1):
+        out = torch.empty(2, BV, dtype=fp32, device=device)
+        _tile_products_probe[(1,)](h, kq.contiguous(), out, DOT=dot, BV=BV, BK=BK)
+        err = (out.double().T - want).abs()
+        assert bool((err <= mag * 2.0 ** -15).all()), (dot, (err / mag).max().item())
+
+
+def test_plan5_tensor_core_form_only_on_split_half_reads():
+    """A plan-5 `gdn_decode` plan's sixth number turns the tensor-core form on (`DOT` 1, or 2 under
+    the interpreter) only where the outputs read the bf16 `hi` planes: split checkpoints with bf16
+    activations; elsewhere (fp32 checkpoints, fp32 activations) the fp32 warp reductions run."""
+    from dataclasses import replace
+
+    from replayssm_kernels.configs import gdn_decode_config
+    from replayssm_kernels.gdn.decode import plan5_constexprs
+
+    served = gdn_decode_config(128, 128, rows=256, split_ckpt=True)
+    assert not served.use_dot, "the default plan keeps the warp reductions until a GPU has timed both"
+    dot = replace(served, use_dot=True)
+    on = 2 if interpreted() else 1
+
+    def form(cfg, split, half):
+        return plan5_constexprs(cfg, 16, 32, 128, 128, 16, tree=1, split=split, half=half, ordered=True,
+                                raw_k=False)["DOT"]
+
+    assert form(dot, True, True) == on
+    assert form(dot, False, False) == 0 and form(dot, True, False) == 0
+    assert form(served, True, True) == 0
+    with override("gdn_decode", (5, 16, 1, 1, 8, 1, 1, 1, 8, 13, 96)):
+        assert gdn_decode_config(128, 128).use_dot
 
 
 def test_gdn_decode_split_ckpt_large_state(device, assert_within_baseline):

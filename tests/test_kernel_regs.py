@@ -95,3 +95,17 @@ def test_decode_plan5_register_cap_screen():
     (other,) = plans - set(served)
     assert int(by[other, 0][2]) <= 96, by[other, 0]
     assert int(by[served[0], 96][6]) > int(by[served[0], 0][6])
+
+
+def test_decode_plan5_tensor_core_form_fits_the_cap():
+    """Plan 5's tensor-core products (the sixth number 1, session 46) under the served plan's cap of 96:
+    no spills. Its probe operand is loaded in the dot's own layout; built from the `[BK]` key and
+    query vectors instead, the compiler redid their norms' divisions in that layout (254 registers
+    without a cap, 528 bytes of spill stores at 96)."""
+    lines = [ln for ln in run_compiled("kernel_regs", "--decode-plan5", "--dot", "--caps", "96").splitlines()
+             if ln.startswith("|")]
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:]]
+    served = [r for r in rows if r[0].endswith("x13")]
+    assert len(served) == 1 and served[0][0].split("x")[5] == "1", rows
+    regs, spill_st, spill_ld = (int(x) for x in served[0][2:5])
+    assert regs <= 96 and spill_st == 0 and spill_ld == 0, served[0]

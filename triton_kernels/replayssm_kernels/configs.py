@@ -212,7 +212,11 @@ class GDNDecodeConfig:
         `maxnreg` (the eleventh number; 0 when absent = the compiler's choice): plan 5's register
         cap a program (`gdn_decode_maxnreg`, when set, replaces it).
     flush_cols: V columns replayed at a time by the exact (flush) path (divides 32).
-    use_dot: non-flush products on tensor cores (tf32x3) instead of warp reductions.
+    use_dot: non-flush products on tensor cores (tf32x3) instead of warp reductions. Plan 5: on
+        split checkpoints with bf16 activations (the outputs read the bf16 `hi` planes) one bf16
+        tensor-core product a tile with the key and query as two bf16 halves each
+        (`gdn/verify_loop.py` `_tile_products`; session 46, offline: the tile loop 222 SASS
+        instructions instead of 658); elsewhere plan 5 keeps the warp reductions.
     evict_first: stream the checkpoint through L2 on non-flush rows.
     """
 

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ..configs import (GDN_K_FORMS, gdn_decode_config, gdn_decode_maxnreg, gdn_history_rt, gdn_k_tree,
-                       gdn_replay_unroll, maxnreg_option)
+                       gdn_replay_unroll, interpreted, maxnreg_option)
 from .common import (ckpt_load, gdn_decode_flush, gdn_l2norm, gdn_l2norm_vec, gdn_ring_append_gate_keys, gdn_tile_ids,
                      gdn_token_gate)
 from .ckpt import check_split_form, ckpt_half_reads
@@ -195,6 +195,7 @@ def plan5_constexprs(cfg, H: int, HV: int, K: int, V: int, RL: int, *, tree: int
         RLB=triton.next_power_of_2(RL), EVICT=cfg.evict_first, UNROLL=gdn_replay_unroll(), TREE=tree,
         RT=gdn_history_rt(decode=True), ORDER=ordered, RAW_K=raw_k, NSTG=cfg.num_stages, VS=vs, VSF0=vsf,
         SPLIT=split, HALF=half, FCAP=bool(capped and cfg.flush_cap and vsf > vs),
+        DOT=(2 if interpreted() else 1) if cfg.use_dot and split and half and K >= 16 and bv >= 16 else 0,
     )
 
 

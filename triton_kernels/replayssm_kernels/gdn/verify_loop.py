@@ -28,7 +28,9 @@ asynchronous copies into shared memory, the next tiles in flight while one is us
   with plan 4's expressions; a flush row's program runs the exact path over its value rows `BV`
   at a time. With `ORDER` the rows go in `row_order`'s order (the flush rows early). With
   `NSTG` = 0 a non-flush row's tile loads are prefetched into registers by hand, one tile ahead,
-  instead of Triton's pipeline through shared memory.
+  instead of Triton's pipeline through shared memory. With `DOT` (the plan's sixth number, on
+  split checkpoints read in halves) a tile's `S k` and `S q` are one bf16 tensor-core product
+  (`_tile_products`) instead of two warp reductions.
 
 Grid: `(B * HV * VS,)`: with a loop split (`VS` > 1, `configs.gdn_verify_loop_split`, decode plan 5's
 `loop_split`) each (row, value head) has `VS` programs, each walking a consecutive share of the
@@ -130,12 +132,19 @@ def _split_pid(HV: tl.constexpr, VS: tl.constexpr):
 
 @triton.jit
 def _tile_and_history(p_h, p_d, o_v, mask_v, o_k, mask_k, phys_j, m_j, K: tl.constexpr, V: tl.constexpr,
-                      EVICT: tl.constexpr, RT: tl.constexpr, SPLIT: tl.constexpr, HALF: tl.constexpr):
+                      EVICT: tl.constexpr, RT: tl.constexpr, SPLIT: tl.constexpr, HALF: tl.constexpr,
+                      DOT: tl.constexpr = 0):
     """One step of a looping program: the checkpoint tile of value rows `o_v` (`[BV, BK]`; in the
-    layout `SPLIT`, `HALF` as `ckpt_load`) and their committed `d` entries (`[BV, RLB]` with RT,
-    else `[RLB, BV]`; `history_dot`'s forms)."""
-    b_h = ckpt_load(p_h, o_v[:, None] * K + o_k[None, :], mask_v[:, None] & mask_k[None, :], K * V, SPLIT, HALF,
-                    EVICT)
+    layout `SPLIT`, `HALF` as `ckpt_load`; with `DOT` the `hi` plane as bf16, the tensor cores'
+    operand) and their committed `d` entries (`[BV, RLB]` with RT, else `[RLB, BV]`;
+    `history_dot`'s forms)."""
+    o_h = o_v[:, None] * K + o_k[None, :]
+    m_h = mask_v[:, None] & mask_k[None, :]
+    if DOT > 0:
+        b_h = tl.load(p_h.to(tl.pointer_type(tl.uint16)) + o_h, mask=m_h, other=0,
+                      eviction_policy="evict_first" if EVICT else "").to(tl.bfloat16, bitcast=True)
+    else:
+        b_h = ckpt_load(p_h, o_h, m_h, K * V, SPLIT, HALF, EVICT)
     if RT:
         b_ur = tl.load(p_d + phys_j[None, :] * V + tl.max_contiguous(o_v, 1)[:, None],
                        mask=m_j[None, :] & mask_v[:, None], other=0).to(tl.float32)
@@ -146,14 +155,51 @@ def _tile_and_history(p_h, p_d, o_v, mask_v, o_k, mask_k, phys_j, m_j, K: tl.con
 
 
 @triton.jit
+def _decode_probe_halves(p_k, p_q, r_k, r_q, K: tl.constexpr, BK: tl.constexpr, NP: tl.constexpr):
+    """The tensor-core form's probe operand (`[BK, NP]` bf16): the token's key and query (`p_k`,
+    `p_q`, raw) times `r_k`, `r_q` (the norms' reciprocals, the query's with its scale), each as
+    two bf16 halves, `x = hi + lo` to ~2^-17 (columns 0-1 the key, 2-3 the query, the rest zero),
+    so that bf16 products with the checkpoint's `hi` plane, summed in fp32, give `S k` and `S q`
+    as exactly as fp32 products of that plane would up to rounding order. Loaded in this layout
+    rather than widened from the `[BK]` vectors: the compiler would otherwise redo their norms'
+    divisions in it, 64 a thread (session 46, offline: 254 registers instead of ~128)."""
+    o_k = tl.arange(0, BK)[:, None]
+    o_n = tl.arange(0, NP)[None, :]
+    m_k = o_k < K
+    b_x = tl.load(p_k + o_k + 0 * o_n, mask=m_k & (o_n < 2), other=0).to(tl.float32) * r_k
+    b_x += tl.load(p_q + o_k + 0 * o_n, mask=m_k & (o_n >= 2) & (o_n < 4), other=0).to(tl.float32) * r_q
+    b_hi = b_x.to(tl.bfloat16)
+    return tl.where(o_n % 2 == 0, b_hi, (b_x - b_hi.to(tl.float32)).to(tl.bfloat16))
+
+
+@triton.jit
+def _tile_products(b_h, b_ks, b_qs, b_p, DOT: tl.constexpr, NP: tl.constexpr):
+    """`(S k, S q)` per value row of the checkpoint tile `b_h`: warp reductions of fp32 products
+    (`DOT` 0), or one tensor-core product of the bf16 tile with the probe halves `b_p`
+    (`_decode_probe_halves`; `DOT` 1). `DOT` 2 is 1 for Triton's CPU interpreter, whose `tl.dot`
+    takes bf16 operands for their bit patterns: the same operands widened to fp32, where their
+    products are exact, so only the order of the fp32 sums can differ from 1's."""
+    if DOT > 0:
+        if DOT == 1:
+            b_sp = tl.dot(b_h, b_p, out_dtype=tl.float32)  # [BV, NP]: k_hi, k_lo, q_hi, q_lo, 0 ...
+        else:
+            b_sp = tl.dot(b_h.to(tl.float32), b_p.to(tl.float32), input_precision="ieee")
+        o_n = tl.arange(0, NP)[None, :]
+        return tl.sum(tl.where(o_n < 2, b_sp, 0.0), 1), tl.sum(tl.where(o_n >= 2, b_sp, 0.0), 1)
+    else:
+        return tl.sum(b_h * b_ks[None, :], 1), tl.sum(b_h * b_qs[None, :], 1)
+
+
+@triton.jit
 def _decode_tile_outputs(b_h, b_ur, o_v, p_v, p_o, p_rv, p_d, phys, b_dec, b_ks, b_qs, b_wk, b_wq, b_beta, b_eg, b_c,
-                         V: tl.constexpr, RT: tl.constexpr):
+                         V: tl.constexpr, RT: tl.constexpr, b_p, DOT: tl.constexpr = 0, NP: tl.constexpr = 16):
     """Decode plan 5, a non-flush row: value rows `o_v` from their checkpoint tile `b_h` and
-    committed `d` entries `b_ur` (`_tile_and_history`): `hk`, `hq`, then the token's `u` and
-    output, and its raw `v` and `u` into the rings at `phys`."""
+    committed `d` entries `b_ur` (`_tile_and_history`): `hk`, `hq` (`_tile_products`), then the
+    token's `u` and output, and its raw `v` and `u` into the rings at `phys`."""
     mask_v = o_v < V
-    b_hk = b_dec * tl.sum(b_h * b_ks[None, :], 1) + history_dot(b_ur, b_wk, RT)
-    b_hq = b_dec * tl.sum(b_h * b_qs[None, :], 1) + history_dot(b_ur, b_wq, RT)
+    b_sk, b_sq = _tile_products(b_h, b_ks, b_qs, b_p, DOT, NP)
+    b_hk = b_dec * b_sk + history_dot(b_ur, b_wk, RT)
+    b_hq = b_dec * b_sq + history_dot(b_ur, b_wq, RT)
     b_vraw = tl.load(p_v + o_v, mask=mask_v, other=0)
     tl.store(p_rv + phys * V + o_v, b_vraw, mask=mask_v)
     b_u = b_beta * (b_vraw.to(tl.float32) - b_eg * b_hk)
@@ -325,13 +371,14 @@ def _gdn_decode_loop_kernel(
     BVF: tl.constexpr, RL: tl.constexpr, RLB: tl.constexpr, EVICT: tl.constexpr, UNROLL: tl.constexpr = 1,
     TREE: tl.constexpr = False, RT: tl.constexpr = False, ORDER: tl.constexpr = False, RAW_K: tl.constexpr = True,
     NSTG: tl.constexpr = 2, VS: tl.constexpr = 1, VSF0: tl.constexpr = 0, SPLIT: tl.constexpr = False,
-    HALF: tl.constexpr = False, FCAP: tl.constexpr = False,
+    HALF: tl.constexpr = False, FCAP: tl.constexpr = False, DOT: tl.constexpr = 0,
 ):
     """Decode plan 5 (module docstring). With `VS` programs per (row, value head) each walks its
     share of the tiles; the first writes the token's gates and keys. A flush row has `VSF0` programs
     per value head instead when given (> 0; the grid has the larger number, and a row's programs
     past its own number exit at once). With `FCAP` (`_capped_flush_pid`) only `n_groups` flush rows
-    have the extra programs."""
+    have the extra programs. `DOT` > 0 (split checkpoints read in halves only): a non-flush row's
+    `S k` and `S q` on tensor cores (`_tile_products`)."""
     VSF: tl.constexpr = VSF0 if VSF0 > 0 else VS
     VSG: tl.constexpr = VS if VS > VSF else VSF
     if FCAP:
@@ -395,6 +442,15 @@ def _gdn_decode_loop_kernel(
     p_d = ring_d + slot * stride_d_slot + i_hv * RL * V
     phys_j = (org + o_j) % RL
     o_b = tl.arange(0, BV)
+    NP: tl.constexpr = 16
+    if DOT > 0:
+        b_kf = b_kraw.to(tl.float32)
+        b_qf = tl.load(q + i_n * stride_q_row + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
+        b_p = _decode_probe_halves(k + i_n * stride_k_row + i_h * K, q + i_n * stride_q_row + i_h * K,
+                                   1.0 / tl.sqrt(tl.sum(b_kf * b_kf) + 1e-6),
+                                   scale / tl.sqrt(tl.sum(b_qf * b_qf) + 1e-6), K, BK, NP)
+    else:
+        b_p = b_ks
     if NSTG == 0:
         # Register prefetch: the next tile's checkpoint and `d` loads go out before this tile's
         # products, straight into registers (no shared-memory staging: with Triton's pipeline the
@@ -403,20 +459,20 @@ def _gdn_decode_loop_kernel(
         # writes, so the order of the loads and stores does not matter.
         o_n = v_lo * BV + o_b  # a program's share is never empty (loop_programs)
         b_h_n, b_ur_n = _tile_and_history(p_h, p_d, o_n, o_n < V, o_k, mask_k, phys_j, m_j, K, V, EVICT, RT, SPLIT,
-                                          HALF)
+                                          HALF, DOT)
         for i_v in range(v_lo, v_hi):
             b_h = b_h_n
             b_ur = b_ur_n
             o_n = (i_v + 1) * BV + o_b
             m_n = (o_n < V) & (i_v + 1 < v_hi)
             b_h_n, b_ur_n = _tile_and_history(p_h, p_d, o_n, m_n, o_k, mask_k, phys_j, m_j, K, V, EVICT, RT, SPLIT,
-                                              HALF)
+                                              HALF, DOT)
             _decode_tile_outputs(b_h, b_ur, i_v * BV + o_b, p_v, p_o, p_rv, p_d, phys, b_dec, b_ks, b_qs, b_wk, b_wq,
-                                 b_beta, b_eg, b_c, V, RT)
+                                 b_beta, b_eg, b_c, V, RT, b_p, DOT, NP)
     else:
         for i_v in tl.range(v_lo, v_hi, num_stages=NSTG):
             o_v = i_v * BV + o_b
             b_h, b_ur = _tile_and_history(p_h, p_d, o_v, o_v < V, o_k, mask_k, phys_j, m_j, K, V, EVICT, RT, SPLIT,
-                                           HALF)
+                                           HALF, DOT)
             _decode_tile_outputs(b_h, b_ur, o_v, p_v, p_o, p_rv, p_d, phys, b_dec, b_ks, b_qs, b_wk, b_wq, b_beta,
-                                 b_eg, b_c, V, RT)
+                                 b_eg, b_c, V, RT, b_p, DOT, NP)
