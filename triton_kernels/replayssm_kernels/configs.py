@@ -215,7 +215,7 @@ class GDNDecodeConfig:
     use_dot: non-flush products on tensor cores (tf32x3) instead of warp reductions. Plan 5: on
         split checkpoints with bf16 activations (the outputs read the bf16 `hi` planes) one bf16
         tensor-core product a tile with the key and query as two bf16 halves each
-        (`gdn/verify_loop.py` `_tile_products`; session 46, offline: the tile loop 222 SASS
+        (`gdn/verify_loop.py` `_tile_products`; session 46, offline: the tile loop 218 SASS
         instructions instead of 658); elsewhere plan 5 keeps the warp reductions.
     evict_first: stream the checkpoint through L2 on non-flush rows.
     """
