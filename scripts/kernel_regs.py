@@ -416,17 +416,26 @@ def pdl_rows(H=16, HV=32, K=128, V=128, L=16, T=4):
     return rows
 
 
-def decode_plan5_rows(H=16, HV=32, K=128, V=128, L=16, caps=(0, 96, 80), dot=False):
+def decode_plan5_rows(H=16, HV=32, K=128, V=128, L=16, caps=(0, 96, 80), dot=False, plan=None):
     """GDN decode plan 5 as served on split checkpoints (configs.gdn_decode_config at 256 rows, bf16
     activations: outputs from the checkpoint's `hi` plane; the replay form in effect, and its rings),
     with and without its flush capacity, at each register cap of `caps` (configs.gdn_decode_maxnreg;
     0 = none): registers, spills, shared memory and the one-warp programs an SM holds by registers.
-    `dot`: the plan with its tensor-core products (its sixth number 1)."""
+    `dot`: the plan with its tensor-core products (its sixth number 1). `plan`: a `gdn_decode` plan
+    key (`5x16x1x1x8x1x1x1x8x13x96`) instead of the served one."""
+    from replayssm_kernels import configs
     from replayssm_kernels.configs import gdn_decode_config, gdn_k_tree
     from replayssm_kernels.gdn import verify_loop
     from replayssm_kernels.gdn.decode import plan5_constexprs
 
-    cfg = replace(gdn_decode_config(K, V, rows=256, split_ckpt=True), use_dot=dot)
+    if plan is None:
+        cfg = replace(gdn_decode_config(K, V, rows=256, split_ckpt=True), use_dot=dot)
+    else:
+        nums = configs.parse_plan("gdn_decode", plan)
+        if nums is None or nums[0] != 5:
+            raise SystemExit(f"--plans: {plan!r} is not a decode plan 5 key (5xBVxWxSxFxDxE[xLS[xFS[xCAP[xMAXNREG]]]])")
+        with configs.override("gdn_decode", nums):
+            cfg = gdn_decode_config(K, V, rows=256, split_ckpt=True)
     kern = verify_loop._gdn_decode_loop_kernel
     tree = gdn_k_tree(K)  # the replay form in effect; the tree and shuffle forms read the fp32 `k` ring
     ptrs = {**gdn_pointers(), "ring_fk": "*fp32" if tree else "*bf16", "ring_kn": "*fp32", "ring_kraw": "*bf16",
@@ -513,6 +522,8 @@ def main(argv=None):
                     help="with --decode-plan5: register caps to build (configs.gdn_decode_maxnreg; 0 = none)")
     ap.add_argument("--dot", action="store_true",
                     help="with --decode-plan5: the plan's tensor-core products (its sixth number 1)")
+    ap.add_argument("--plans", default="",
+                    help="with --decode-plan5: comma-separated gdn_decode plan keys to build instead of the served plan")
     ap.add_argument("--pdl", action="store_true",
                     help="only the GDN prep/state pair with and without programmatic dependent launch")
     args = ap.parse_args(argv)
@@ -520,7 +531,10 @@ def main(argv=None):
         print(f"| GDN decode plan 5, split checkpoints (sm_90, triton {triton.__version__}) | maxnreg | registers | "
               "spill stores (B) | spill loads (B) | shared memory (B) | one-warp programs an SM by registers |")
         print("|---|---:|---:|---:|---:|---:|---:|")
-        for r in decode_plan5_rows(caps=tuple(int(x) for x in args.caps.split(",")), dot=args.dot):
+        caps = tuple(int(x) for x in args.caps.split(","))
+        rows = (r for plan in (args.plans.split(",") if args.plans else [None])
+                for r in decode_plan5_rows(caps=caps, dot=args.dot, plan=plan))
+        for r in rows:
             print(f"| {r['plan']} | {r['maxnreg']} | {r['regs']} | {r['spill_stores']} | {r['spill_loads']} | "
                   f"{r['smem']} | {r['programs_by_regs']} |", flush=True)
         return

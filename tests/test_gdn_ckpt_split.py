@@ -91,6 +91,9 @@ def test_split_convert_kernel_matches_the_reference_and_touches_only_the_given_s
     # the outputs of non-flush rows from bf16 products of the hi planes.
     pytest.param((5, 16, 1, 1, 16, 1, 1, 2, 3, 25), (48, 40, 4), id="plan5-dot-split2-flushsplit3-cap25"),
     pytest.param((5, 16, 1, 0, 16, 1, 1, 1, 3), (48, 40, 4), id="plan5-dot-prefetch-flushsplit3"),
+    # 32-column tiles with it (session 47: 128 registers and no spills offline, a candidate for the
+    # H200, whose decode waits on loads: 8 KB a tile in flight a warp instead of 4)
+    pytest.param((5, 32, 1, 1, 8, 1, 1, 1, 2, 13), (48, 80, 4), id="plan5-dot-bv32-flushsplit2-cap13"),
 ])
 def test_gdn_decode_split_ckpt(cfg, shape, device, assert_within_baseline):
     """Every decode plan on a split-layout pool: the state `torch.equal` to SGLang's kernel after

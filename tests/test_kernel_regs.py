@@ -3,7 +3,11 @@ they show what the launch options exist for. A kernel change that loses an optio
 shuffle form back at the butterfly's shuffles, the tensor-core state launch compiled without
 tensor-core instructions) fails here before it costs device time."""
 
-from script_loader import run_compiled
+import os
+import subprocess
+import sys
+
+from script_loader import ROOT, run_compiled
 
 
 def _table(flag):
@@ -109,3 +113,20 @@ def test_decode_plan5_tensor_core_form_fits_the_cap():
     assert len(served) == 1 and served[0][0].split("x")[5] == "1", rows
     regs, spill_st, spill_ld = (int(x) for x in served[0][2:5])
     assert regs <= 96 and spill_st == 0 and spill_ld == 0, served[0]
+
+
+def test_decode_plan5_named_plans_build_as_named():
+    """`--plans` builds the named plan 5 keys instead of the served one (screens for the next GPU
+    sweep): 32-column tiles with the tensor-core form stage a larger tile for the dot than the
+    served 16 columns (8192 bytes of shared memory, the test above), and no spills without a cap;
+    a key that is not plan 5 is refused with the flag's name."""
+    lines = [ln for ln in run_compiled("kernel_regs", "--decode-plan5", "--caps", "0",
+                                       "--plans", "5x32x1x1x8x1x1x1x4x13").splitlines() if ln.startswith("|")]
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:]]
+    assert [r[0] for r in rows] == ["5x32x1x1x8x1x1x1x4x13", "5x32x1x1x8x1x1x1x4 (no capacity)"], rows
+    for r in rows:
+        assert int(r[3]) == 0 and int(r[4]) == 0 and int(r[5]) > 8192, r
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "kernel_regs.py"), "--decode-plan5",
+                          "--plans", "3x16x1x3x8x0x1"], env=env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "--plans" in bad.stderr and "3x16x1x3x8x0x1" in bad.stderr, bad.stderr[-2000:]

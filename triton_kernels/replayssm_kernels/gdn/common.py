@@ -49,15 +49,20 @@ from .lanes import lane_allsum
 
 @triton.jit
 def ckpt_load(p_head, o_h, mask, NVK: tl.constexpr, SPLIT: tl.constexpr, HALF: tl.constexpr = False,
-              EVICT: tl.constexpr = False):
+              EVICT: tl.constexpr = False, WIDEN: tl.constexpr = True):
     """fp32 tile of the head block `p_head` (an fp32 pointer) at offsets `o_h`. With `SPLIT` and
     `HALF` only the `hi` plane is read: the bf16 value of each element (output-only reads with
-    bf16 activations); else the exact fp32 value."""
+    bf16 activations), as bf16 itself when not `WIDEN` (a tensor-core operand); else the exact
+    fp32 value."""
+    if not WIDEN:
+        tl.static_assert(SPLIT and HALF, "ckpt_load: a bf16 tile needs SPLIT and HALF")
     if SPLIT:
         p16 = p_head.to(tl.pointer_type(tl.uint16))
         hi = tl.load(p16 + o_h, mask=mask, other=0, eviction_policy="evict_first" if EVICT else "")
         if HALF:
-            x = hi.to(tl.bfloat16, bitcast=True).to(tl.float32)
+            x = hi.to(tl.bfloat16, bitcast=True)
+            if WIDEN:
+                x = x.to(tl.float32)
         else:
             x = ckpt_join(hi, tl.load(p16 + NVK + o_h, mask=mask, other=0,
                                       eviction_policy="evict_first" if EVICT else ""))

@@ -140,11 +140,7 @@ def _tile_and_history(p_h, p_d, o_v, mask_v, o_k, mask_k, phys_j, m_j, K: tl.con
     `history_dot`'s forms)."""
     o_h = o_v[:, None] * K + o_k[None, :]
     m_h = mask_v[:, None] & mask_k[None, :]
-    if DOT > 0:
-        b_h = tl.load(p_h.to(tl.pointer_type(tl.uint16)) + o_h, mask=m_h, other=0,
-                      eviction_policy="evict_first" if EVICT else "").to(tl.bfloat16, bitcast=True)
-    else:
-        b_h = ckpt_load(p_h, o_h, m_h, K * V, SPLIT, HALF, EVICT)
+    b_h = ckpt_load(p_h, o_h, m_h, K * V, SPLIT, HALF, EVICT, WIDEN=DOT == 0)
     if RT:
         b_ur = tl.load(p_d + phys_j[None, :] * V + tl.max_contiguous(o_v, 1)[:, None],
                        mask=m_j[None, :] & mask_v[:, None], other=0).to(tl.float32)
