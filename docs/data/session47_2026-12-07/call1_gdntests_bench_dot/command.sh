@@ -1,0 +1,2 @@
+# run tool, kind=nvidia-h200 named (an H100 came), carry [".site"], timeout_s 600, fresh machine; 190 s
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; GDNTESTS_K="dot or tensor_core or plan5" BENCH_TIMEOUT=250 BENCH_ARGS="--family gdn --batches 256,64 --gdn-ckpt-split --gdn-decode-only --gdn-decode-plans 5x16x1x1x8x0x1x1x8x13x96,5x16x1x1x8x1x1x1x8x13x96,5x16x1x1x8x1x1x1x8x13,5x16x1x2x8x1x1x1x8x13x96" bash scripts/device_kernels.sh gdntests bench
