@@ -523,10 +523,13 @@ def main(argv=None):
     ap.add_argument("--dot", action="store_true",
                     help="with --decode-plan5: the plan's tensor-core products (its sixth number 1)")
     ap.add_argument("--plans", default="",
-                    help="with --decode-plan5: comma-separated gdn_decode plan keys to build instead of the served plan")
+                    help="with --decode-plan5: comma-separated gdn_decode plan keys to build instead of the served "
+                         "plan (each key's sixth number is its tensor-core form)")
     ap.add_argument("--pdl", action="store_true",
                     help="only the GDN prep/state pair with and without programmatic dependent launch")
     args = ap.parse_args(argv)
+    if args.plans and args.dot:
+        ap.error("--dot with --plans: each plan key's sixth number sets its tensor-core form; drop --dot")
     if args.decode_plan5:
         print(f"| GDN decode plan 5, split checkpoints (sm_90, triton {triton.__version__}) | maxnreg | registers | "
               "spill stores (B) | spill loads (B) | shared memory (B) | one-warp programs an SM by registers |")
