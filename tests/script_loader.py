@@ -23,12 +23,17 @@ def load_script(name: str):
     return mod
 
 
-def run_compiled(name: str, *args: str, timeout: int = 600) -> str:
+def run_compiled_process(name: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run `scripts/<name>.py` in a process of its own without TRITON_INTERPRET (the offline sm_90
-    builds of scripts/kernel_regs.py need the compiler, not the interpreter); its stdout, after
-    checking it exited 0."""
+    builds of scripts/kernel_regs.py need the compiler, not the interpreter); the finished process,
+    whatever its exit status."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / f"{name}.py"), *args], env=env,
-                         capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / f"{name}.py"), *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def run_compiled(name: str, *args: str, timeout: int = 600) -> str:
+    """`run_compiled_process`'s stdout, after checking it exited 0."""
+    out = run_compiled_process(name, *args, timeout=timeout)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout

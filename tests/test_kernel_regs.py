@@ -3,11 +3,7 @@ they show what the launch options exist for. A kernel change that loses an optio
 shuffle form back at the butterfly's shuffles, the tensor-core state launch compiled without
 tensor-core instructions) fails here before it costs device time."""
 
-import os
-import subprocess
-import sys
-
-from script_loader import ROOT, run_compiled
+from script_loader import run_compiled, run_compiled_process
 
 
 def _table(flag):
@@ -126,7 +122,5 @@ def test_decode_plan5_named_plans_build_as_named():
     assert [r[0] for r in rows] == ["5x32x1x1x8x1x1x1x4x13", "5x32x1x1x8x1x1x1x4 (no capacity)"], rows
     for r in rows:
         assert int(r[3]) == 0 and int(r[4]) == 0 and int(r[5]) > 8192, r
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "kernel_regs.py"), "--decode-plan5",
-                          "--plans", "3x16x1x3x8x0x1"], env=env, capture_output=True, text=True, timeout=300)
+    bad = run_compiled_process("kernel_regs", "--decode-plan5", "--plans", "3x16x1x3x8x0x1", timeout=300)
     assert bad.returncode != 0 and "--plans" in bad.stderr and "3x16x1x3x8x0x1" in bad.stderr, bad.stderr[-2000:]
