@@ -1,0 +1,2 @@
+# run tool, kind=nvidia-h200 (an H100 80GB HBM3 came), fresh machine, carry [".site"], timeout_s 400; 158.5 s
+nvidia-smi --query-gpu=name,memory.total --format=csv; BENCH_TIMEOUT=250 BENCH_ARGS="--family gdn --batches 256,64 --gdn-ckpt-split --gdn-decode-only --gdn-decode-plans 5x16x1x1x8x0x1x1x8x13x96,5x16x1x1x8x1x1x1x8x13x96,5x32x1x1x8x1x1x1x4x13,5x32x1x2x8x1x1x1x4x13,5x16x1x2x8x1x1x1x8x13x96,5x16x1x0x8x1x1x1x8x13x128" bash scripts/device_kernels.sh bench
