@@ -115,7 +115,8 @@ def test_decode_plan5_named_plans_build_as_named():
     """`--plans` builds the named plan 5 keys instead of the served one (screens for the next GPU
     sweep): 32-column tiles with the tensor-core form stage a larger tile for the dot than the
     served 16 columns (8192 bytes of shared memory, the test above), and no spills without a cap;
-    a key that is not plan 5 is refused with the flag's name."""
+    a key that is not plan 5 is refused with the flag's name, and so is `--dot` beside `--plans`
+    (each key's sixth number sets the form)."""
     lines = [ln for ln in run_compiled("kernel_regs", "--decode-plan5", "--caps", "0",
                                        "--plans", "5x32x1x1x8x1x1x1x4x13").splitlines() if ln.startswith("|")]
     rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:]]
@@ -124,3 +125,6 @@ def test_decode_plan5_named_plans_build_as_named():
         assert int(r[3]) == 0 and int(r[4]) == 0 and int(r[5]) > 8192, r
     bad = run_compiled_process("kernel_regs", "--decode-plan5", "--plans", "3x16x1x3x8x0x1", timeout=300)
     assert bad.returncode != 0 and "--plans" in bad.stderr and "3x16x1x3x8x0x1" in bad.stderr, bad.stderr[-2000:]
+    both = run_compiled_process("kernel_regs", "--decode-plan5", "--dot", "--caps", "0",
+                                "--plans", "5x32x1x1x8x1x1x1x4x13", timeout=300)
+    assert both.returncode == 2 and "--dot with --plans" in both.stderr, (both.stdout[-1000:], both.stderr[-2000:])
