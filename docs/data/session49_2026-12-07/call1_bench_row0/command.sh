@@ -1,0 +1,2 @@
+# session 49, call 1 (run tool, kind=nvidia-h200, carry [".site"], timeout_s 480); an H100 80GB HBM3 came
+nvidia-smi --query-gpu=name,memory.total --format=csv; BENCH_TIMEOUT=420 BENCH_ARGS="--family gdn --batches 256,64,1 --gdn-ckpt-split --gdn-decode-plans 5x16x1x1x8x0x1x1x8x13x96,5x16x1x1x8x1x1x1x8x13x96,5x16x1x2x8x1x1x1x8x13x96 --gdn-verify-plans 16x1x2x6,32x2x2x6,16x1x1x6x8" bash scripts/device_kernels.sh bench

@@ -1,0 +1,2 @@
+# session 49, call 5 (same warm machine, right after call 4): bench_serving resumes stock's and upstream's cases and runs ours'
+SPEC_SIDES=stock,upstream,ours SPEC_CONC=128 SPEC_SSM_LAYERS=36 SPEC_ARGS="--attention-backend flashinfer --output-len 1024" SPEC_POOL_ARGS="--disable-radix-cache --max-running-requests 128" PLAN_DEADLINE_S=400 bash scripts/device_plan.sh spec256; tail -30 /tmp/b_spec256/*.md 2>/dev/null | tail -40

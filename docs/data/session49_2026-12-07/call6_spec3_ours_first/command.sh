@@ -1,0 +1,2 @@
+# session 49, call 6 (same warm machine, right after call 5): the three servers again, ours first, nothing resumed
+mv /tmp/b_spec256 /tmp/b_spec256_run1; SPEC_SIDES=ours,upstream,stock SPEC_CONC=128 SPEC_SSM_LAYERS=36 SPEC_ARGS="--attention-backend flashinfer --output-len 1024" SPEC_POOL_ARGS="--disable-radix-cache --max-running-requests 128" PLAN_DEADLINE_S=480 bash scripts/device_plan.sh spec256
