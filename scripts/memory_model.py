@@ -11,7 +11,10 @@ SSM layers. It reports, per request:
 * stock without speculative decoding: `mamba_cache_per_req` (SSM state + conv state);
 * stock with NEXTN/EAGLE (`D` draft tokens): SGLang reserves `D * mamba_cache_per_req` of
   `intermediate_ssm` per running request on top (kv_cache_configurator.py L1870-L1945);
-* ours: `mamba_cache_per_req + rings + cursors`; no `intermediate_ssm`.
+* ours: `mamba_cache_per_req + rings + cursors`; no `intermediate_ssm`;
+* SGLang's own `--enable-linear-replayssm-spec` (GDN only): `mamba_cache_per_req` plus its fold
+  window of `D` raw inputs, `replayssm_ring_bytes_per_req(record_len=D)` (SGLang's own count, the
+  one its solver charges); no `intermediate_ssm` either.
 
 and the largest number of running requests whose hybrid state fits `--budget-gib`:
 
@@ -20,8 +23,8 @@ and the largest number of running requests whose hybrid state fits `--budget-gib
 * radix cache on: SGLang keeps `--mamba-ratio` slots per running request (5 by default: 3, plus 2
   ping-pong slots of the default `extra_buffer` strategy with the overlap scheduler,
   `_calculate_mamba_ratio`), and sizes stock spec by its joint solve
-  `K = (M - per_req (1 + D)) / (per_req (1 + D / ratio))`, ours by `K = (M - per_slot) / per_slot`;
-  running requests = `K / ratio`. These are byte counts from SGLang's and our sizing code, not a GPU measurement;
+  `K = (M - per_req (1 + D)) / (per_req (1 + D / ratio))`, ours and SGLang's own spec by
+  `K = (M - per_slot) / per_slot`; running requests = `K / ratio`. These are byte counts from SGLang's and our sizing code, not a GPU measurement;
 the KV cache or activations may bind first on a real server (docs/serving.md measures that).
 """
 
@@ -50,7 +53,7 @@ MODELS = {
 _MIB = float(1 << 20)
 
 
-def per_layer_bytes(flags: list[str], family: str, ring_len: int) -> dict:
+def per_layer_bytes(flags: list[str], family: str, ring_len: int, draft: int) -> dict:
     import torch
     from sglang.srt.runtime_context import get_parallel
     from sglang.srt.utils.hf_transformers import get_config
@@ -70,6 +73,7 @@ def per_layer_bytes(flags: list[str], family: str, ring_len: int) -> dict:
         "state_conv": params.mamba_cache_per_req / n,
         "rings": ring_bytes_per_slot(family, params, ring_len, torch.bfloat16, 1),
         "cursors": CURSOR_BYTES_PER_SLOT,
+        "upstream_spec_rings": params.replayssm_ring_bytes_per_req(record_len=draft) / n if family == "gdn" else None,
     }
 
 
@@ -77,7 +81,7 @@ def model_rows(budget_gib: float, ring_len: int, draft: int, ratio: int = 5) -> 
     budget = budget_gib * (1 << 30)
     rows = []
     for name, (flags, family, layers, desc) in MODELS.items():
-        b = per_layer_bytes(flags, family, ring_len)
+        b = per_layer_bytes(flags, family, ring_len, draft)
         state = b["state_conv"] * layers
         stock = state
         stock_spec = state * (1 + draft)
@@ -85,26 +89,34 @@ def model_rows(budget_gib: float, ring_len: int, draft: int, ratio: int = 5) -> 
         fit = lambda per_req: int(budget // per_req) - 1  # noqa: E731  (+1 padding slot)
         radix_stock_spec = int((budget - state * (1 + draft)) // (state * (1 + draft / ratio))) // ratio
         radix_ours = int((budget - ours) // ours) // ratio
+        up = None if b["upstream_spec_rings"] is None else state + b["upstream_spec_rings"] * layers
         rows.append(dict(
             model=name, desc=desc, family=family, ssm_layers=layers, ring_len=ring_len, draft_tokens=draft,
             state_conv_mib=state / _MIB, intermediate_ssm_mib=state * draft / _MIB,
             rings_mib=b["rings"] * layers / _MIB, stock_mib=stock / _MIB, stock_spec_mib=stock_spec / _MIB,
             ours_mib=ours / _MIB, fit_stock=fit(stock), fit_stock_spec=fit(stock_spec), fit_ours=fit(ours),
             mamba_ratio=ratio, radix_fit_stock_spec=radix_stock_spec, radix_fit_ours=radix_ours,
+            upstream_spec_rings_mib=None if up is None else (up - state) / _MIB,
+            fit_upstream_spec=None if up is None else fit(up),
+            radix_fit_upstream_spec=None if up is None else int((budget - up) // up) // ratio,
         ))
     return rows
 
 
 def markdown(rows: list[dict], budget_gib: float) -> str:
     out = [f"| model | per request: state + conv (MiB) | stock spec: + intermediate_ssm (MiB) | ours: + rings "
-           f"(MiB) | radix off, requests in {budget_gib:g} GiB: stock / stock spec / ours | ours vs stock spec "
-           f"| radix on (ratio {rows[0]['mamba_ratio']}): stock spec / ours | ours vs stock spec |",
-           "|---|---:|---:|---:|---|---:|---|---:|"]
+           f"(MiB) | SGLang's own spec: + rings (MiB) | radix off, requests in {budget_gib:g} GiB: stock / stock "
+           f"spec / SGLang's own spec / ours | ours vs stock spec | radix on (ratio {rows[0]['mamba_ratio']}): stock "
+           f"spec / SGLang's own spec / ours | ours vs stock spec |",
+           "|---|---:|---:|---:|---:|---|---:|---|---:|"]
+    na = lambda v, fmt="{}": "-" if v is None else fmt.format(v)  # noqa: E731  (Mamba-2: no SGLang own path)
     for r in rows:
         out.append(f"| {r['desc']} | {r['state_conv_mib']:.1f} | {r['intermediate_ssm_mib']:.1f} (T={r['draft_tokens']}) "
-                   f"| {r['rings_mib']:.2f} (L={r['ring_len']}) | {r['fit_stock']} / {r['fit_stock_spec']} / "
-                   f"{r['fit_ours']} | {r['fit_ours'] / r['fit_stock_spec']:.2f}x | {r['radix_fit_stock_spec']} / "
-                   f"{r['radix_fit_ours']} | {r['radix_fit_ours'] / r['radix_fit_stock_spec']:.2f}x |")
+                   f"| {r['rings_mib']:.2f} (L={r['ring_len']}) | {na(r['upstream_spec_rings_mib'], '{:.2f}')} "
+                   f"| {r['fit_stock']} / {r['fit_stock_spec']} / {na(r['fit_upstream_spec'])} / {r['fit_ours']} "
+                   f"| {r['fit_ours'] / r['fit_stock_spec']:.2f}x | {r['radix_fit_stock_spec']} / "
+                   f"{na(r['radix_fit_upstream_spec'])} / {r['radix_fit_ours']} "
+                   f"| {r['radix_fit_ours'] / r['radix_fit_stock_spec']:.2f}x |")
     return "\n".join(out)
 
 
