@@ -88,17 +88,17 @@ def model_rows(budget_gib: float, ring_len: int, draft: int, ratio: int = 5) -> 
         ours = state + b["rings"] * layers + b["cursors"]
         fit = lambda per_req: int(budget // per_req) - 1  # noqa: E731  (+1 padding slot)
         radix_stock_spec = int((budget - state * (1 + draft)) // (state * (1 + draft / ratio))) // ratio
-        radix_ours = int((budget - ours) // ours) // ratio
-        up = None if b["upstream_spec_rings"] is None else state + b["upstream_spec_rings"] * layers
+        radix_fit = lambda per_slot: int((budget - per_slot) // per_slot) // ratio  # noqa: E731  (one slot a solve)
+        up_rings = None if b["upstream_spec_rings"] is None else b["upstream_spec_rings"] * layers
         rows.append(dict(
             model=name, desc=desc, family=family, ssm_layers=layers, ring_len=ring_len, draft_tokens=draft,
             state_conv_mib=state / _MIB, intermediate_ssm_mib=state * draft / _MIB,
             rings_mib=b["rings"] * layers / _MIB, stock_mib=stock / _MIB, stock_spec_mib=stock_spec / _MIB,
             ours_mib=ours / _MIB, fit_stock=fit(stock), fit_stock_spec=fit(stock_spec), fit_ours=fit(ours),
-            mamba_ratio=ratio, radix_fit_stock_spec=radix_stock_spec, radix_fit_ours=radix_ours,
-            upstream_spec_rings_mib=None if up is None else (up - state) / _MIB,
-            fit_upstream_spec=None if up is None else fit(up),
-            radix_fit_upstream_spec=None if up is None else int((budget - up) // up) // ratio,
+            mamba_ratio=ratio, radix_fit_stock_spec=radix_stock_spec, radix_fit_ours=radix_fit(ours),
+            upstream_spec_rings_mib=None if up_rings is None else up_rings / _MIB,
+            fit_upstream_spec=None if up_rings is None else fit(state + up_rings),
+            radix_fit_upstream_spec=None if up_rings is None else radix_fit(state + up_rings),
         ))
     return rows
 
