@@ -194,6 +194,9 @@ VERIFY_CASES = [
     # B, H, HV, K, V, L, T_max, dtype, steps
     pytest.param(3, 2, 4, 32, 16, 1, 1, bf16, 6, id="B3-L1-T1-bf16"),
     pytest.param(3, 2, 4, 32, 16, 4, 3, bf16, 10, id="B3-L4-T3-bf16"),
+    # L == T_max (--replayssm-ring-len 4 with 4 draft tokens, served in session 50): every commit
+    # folds the whole window (early flush).
+    pytest.param(3, 2, 4, 32, 16, 4, 4, bf16, 10, id="B3-L4-T4-bf16"),
     pytest.param(3, 2, 4, 32, 16, 16, 4, bf16, 24, id="B3-L16-T4-bf16"),
     pytest.param(3, 2, 4, 32, 16, 16, 4, fp32, 10, id="B3-L16-T4-fp32"),
     pytest.param(2, 1, 3, 48, 40, 5, 3, bf16, 8, id="B2-HV3-K48-V40-L5-T3-bf16"),

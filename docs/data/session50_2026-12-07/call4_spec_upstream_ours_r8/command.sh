@@ -1,0 +1,2 @@
+# session 50, call 4 (run tool, kind=nvidia-h100-x1, carry [".site"], timeout_s 590); the same warm H100. 203 s.
+mv /tmp/b_spec256 /tmp/b_spec256_r4; SPEC_SIDES=upstream,ours SPEC_CONC=128 SPEC_SSM_LAYERS=36 SPEC_ARGS="--attention-backend flashinfer --output-len 1024 --ring-len 8" SPEC_POOL_ARGS="--disable-radix-cache --max-running-requests 128" PLAN_DEADLINE_S=570 bash scripts/device_plan.sh install spec256
