@@ -141,6 +141,23 @@ def gdn_l2norm(b_x):
 
 
 @triton.jit
+def history_gate_weights(ring_g, slot, i_hv, stride_g_slot, phys_j, m_j, RL: tl.constexpr):
+    """`(w, G)` of the committed entries of value head `i_hv`: `w_j = exp(G - G_j)` (`G_j` the
+    cumulative log-decay through entry j, `G` the total; zero past the entries) and `G`."""
+    b_gr = tl.load(ring_g + slot * stride_g_slot + i_hv * RL + phys_j, mask=m_j, other=0)
+    b_gtot = tl.sum(b_gr, 0)
+    return tl.where(m_j, tl.exp(b_gtot - tl.cumsum(b_gr, 0)), 0.0), b_gtot
+
+
+@triton.jit
+def history_rows(ring, slot, stride_slot, i_head, phys_j, m_j, o_c, mask_c, C: tl.constexpr, RL: tl.constexpr):
+    """The committed entries of head `i_head` in a `C`-wide ring (`k` or `d`) as `[RLB, BC]` fp32 rows,
+    zero past the entries."""
+    return tl.load(ring + slot * stride_slot + (i_head * RL + phys_j)[:, None] * C + o_c[None, :],
+                   mask=m_j[:, None] & mask_c[None, :], other=0).to(tl.float32)
+
+
+@triton.jit
 def gdn_ring_append_gate_keys(ring_g, ring_beta, ring_k, ring_rawk, stride_g_slot, stride_beta_slot, stride_k_slot,
                               stride_rawk_slot, slot, phys, i_v, i_hv, i_h, b_g, b_beta, b_kn, b_kraw, o_k, mask_k,
                               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, RL: tl.constexpr,

@@ -28,7 +28,7 @@ import triton.language as tl
 from ..configs import (GDN_K_FORMS, gdn_decode_config, gdn_decode_maxnreg, gdn_history_rt, gdn_k_tree,
                        gdn_replay_unroll, interpreted, maxnreg_option)
 from .common import (ckpt_load, gdn_decode_flush, gdn_l2norm, gdn_l2norm_vec, gdn_ring_append_gate_keys, gdn_tile_ids,
-                     gdn_token_gate)
+                     gdn_token_gate, history_gate_weights, history_rows)
 from .ckpt import check_split_form, ckpt_half_reads
 from .rings import GDNRings, check_gdn_rings
 from .verify import _verify_split
@@ -66,17 +66,9 @@ def _decode_nonflush(
     o_j = tl.arange(0, RLB)
     m_j = o_j < wp
     phys_j = (org + o_j) % RL
-    b_gr = tl.load(ring_g + slot * stride_g_slot + i_hv * RL + phys_j, mask=m_j, other=0)
-    b_kr = tl.load(
-        ring_k + slot * stride_k_slot + (i_h * RL + phys_j)[:, None] * K + o_k[None, :],
-        mask=m_j[:, None] & mask_k[None, :], other=0,
-    ).to(tl.float32)
-    b_ur = tl.load(
-        ring_d + slot * stride_d_slot + (i_hv * RL + phys_j)[:, None] * V + o_v[None, :],
-        mask=m_j[:, None] & mask_v[None, :], other=0,
-    ).to(tl.float32)
-    b_gtot = tl.sum(b_gr, 0)
-    b_w = tl.where(m_j, tl.exp(b_gtot - tl.cumsum(b_gr, 0)), 0.0)
+    b_w, b_gtot = history_gate_weights(ring_g, slot, i_hv, stride_g_slot, phys_j, m_j, RL)
+    b_kr = history_rows(ring_k, slot, stride_k_slot, i_h, phys_j, m_j, o_k, mask_k, K, RL)
+    b_ur = history_rows(ring_d, slot, stride_d_slot, i_hv, phys_j, m_j, o_v, mask_v, V, RL)
     b_dec = tl.exp(b_gtot)
     if USE_DOT:
         # Probe matrix P = [k | q | 0 ...] and S_c P = dec S0 P + U^T (w * (K_ring P)).

@@ -28,7 +28,7 @@ from ..configs import (GDN_K_FORMS, gdn_history_rt, gdn_k_tree, gdn_pdl, gdn_pre
                        gdn_state_dot, gdn_state_kc, gdn_verify_config, gdn_verify_loop_split, gdn_verify_maxnreg,
                        maxnreg_option)
 from .ckpt import check_split_form, ckpt_half_reads
-from .common import ckpt_load, gdn_gate, gdn_l2norm, gdn_l2norm_vec, gdn_tile_ids
+from .common import ckpt_load, gdn_gate, gdn_l2norm, gdn_l2norm_vec, gdn_tile_ids, history_gate_weights, history_rows
 from .verify_mm import _gdn_verify_mm_kernel
 from .verify_loop import _gdn_verify_fused_kernel, _gdn_verify_state_loop_kernel, loop_programs
 from .verify_split import _gdn_verify_prep_kernel, _gdn_verify_state_kernel, scratch_floats
@@ -100,18 +100,9 @@ def _gdn_verify_kernel(
     o_j = tl.arange(0, RLB)
     m_j = o_j < wp
     phys_j = (org + o_j) % RL
-    b_gr = tl.load(ring_g + slot * stride_g_slot + i_hv * RL + phys_j, mask=m_j, other=0)
-    b_kr = tl.load(
-        ring_k + slot * stride_k_slot + (i_h * RL + phys_j)[:, None] * K + o_k[None, :],
-        mask=m_j[:, None] & mask_k[None, :], other=0,
-    ).to(tl.float32)
-    b_ur = tl.load(
-        ring_d + slot * stride_d_slot + (i_hv * RL + phys_j)[:, None] * V + o_v[None, :],
-        mask=m_j[:, None] & mask_v[None, :], other=0,
-    ).to(tl.float32)
-    b_gc = tl.cumsum(b_gr, 0)
-    b_gtot = tl.sum(b_gr, 0)
-    b_w = tl.where(m_j, tl.exp(b_gtot - b_gc), 0.0)
+    b_w, b_gtot = history_gate_weights(ring_g, slot, i_hv, stride_g_slot, phys_j, m_j, RL)
+    b_kr = history_rows(ring_k, slot, stride_k_slot, i_h, phys_j, m_j, o_k, mask_k, K, RL)
+    b_ur = history_rows(ring_d, slot, stride_d_slot, i_hv, phys_j, m_j, o_v, mask_v, V, RL)
     b_dec = tl.exp(b_gtot)
     b_A_log = tl.load(A_log + i_hv).to(tl.float32)
     b_dt_bias = tl.load(dt_bias + i_hv).to(tl.float32)

@@ -48,8 +48,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from .common import (ckpt_load, gdn_decode_flush, gdn_l2norm_rows, gdn_l2norm_vec, gdn_ring_append_gate_keys,
-                     gdn_token_gate)
-from .verify_split import (history_dot, history_gate_weights, history_mma, history_weights, probe_matrix,
+                     gdn_token_gate, history_gate_weights, history_rows)
+from .verify_split import (history_dot, history_mma, history_weights, probe_matrix,
                            ring_key_products, scratch_dec, scratch_window, split_hk_hq, window_algebra,
                            window_gates_to_ring, window_outputs, window_probe)
 
@@ -341,8 +341,7 @@ def _gdn_verify_fused_kernel(
     # The prep's products, on tensor cores: ring-key products with the probes, the window's Gram matrix.
     b_p = probe_matrix(q, k, i_n, i_h, T, stride_q_row, stride_q_tok, stride_k_row, stride_k_tok, scale,
                         K, BK, BT, NP)
-    b_kr = tl.load(ring_k + slot * stride_k_slot + (i_h * RL + phys_j)[:, None] * K + o_k[None, :],
-                   mask=m_j[:, None] & mask_k[None, :], other=0).to(tl.float32)  # [RLB, BK]
+    b_kr = history_rows(ring_k, slot, stride_k_slot, i_h, phys_j, m_j, o_k, mask_k, K, RL)  # [RLB, BK]
     b_w, b_gtot = history_gate_weights(ring_g, slot, i_hv, stride_g_slot, phys_j, m_j, RL)
     b_w = tl.dot(b_kr, b_p, input_precision="tf32x3") * b_w[:, None]  # [RLB, NP]: WK then WQ
     b_gram = tl.dot(tl.trans(b_p), b_p, input_precision="tf32x3")  # [NP, NP]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import ckpt_load, gdn_l2norm_rows, gdn_tile_ids
+from .common import ckpt_load, gdn_l2norm_rows, gdn_tile_ids, history_gate_weights, history_rows
 from .verify_split import window_gates
 
 
@@ -89,13 +89,10 @@ def _gdn_verify_mm_kernel(
     o_j = tl.arange(0, RLB)
     m_j = o_j < wp
     phys_j = (org + o_j) % RL
-    b_gr = tl.load(ring_g + slot * stride_g_slot + i_hv * RL + phys_j, mask=m_j, other=0)
-    b_kr = tl.load(ring_k + slot * stride_k_slot + (i_h * RL + phys_j)[:, None] * K + o_k[None, :],
-                   mask=m_j[:, None] & mask_k[None, :], other=0).to(tl.float32)
+    b_w, b_gtot = history_gate_weights(ring_g, slot, i_hv, stride_g_slot, phys_j, m_j, RL)
+    b_kr = history_rows(ring_k, slot, stride_k_slot, i_h, phys_j, m_j, o_k, mask_k, K, RL)
     b_urT = tl.load(ring_d + slot * stride_d_slot + (i_hv * RL + phys_j)[None, :] * V + o_v[:, None],
                     mask=mask_v[:, None] & m_j[None, :], other=0).to(tl.float32)  # [BV, RLB]
-    b_gtot = tl.sum(b_gr, 0)
-    b_w = tl.where(m_j, tl.exp(b_gtot - tl.cumsum(b_gr, 0)), 0.0)
     b_dec = tl.exp(b_gtot)
 
     b_h = ckpt_load(state + slot * stride_state_slot + i_hv * K * V, o_v[:, None] * K + o_k[None, :],

@@ -39,7 +39,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .common import (ckpt_load, gdn_decode_flush, gdn_gate, gdn_l2norm, gdn_l2norm_rows, gdn_l2norm_vec, gdn_ring_append_gate_keys,
-                     gdn_tile_ids, gdn_token_gate)
+                     gdn_tile_ids, gdn_token_gate, history_gate_weights, history_rows)
 
 
 @triton.jit
@@ -196,15 +196,6 @@ def window_gates_to_ring(a, b, A_log, dt_bias, ring_g, ring_beta, slot, i_n, i_h
 
 
 @triton.jit
-def history_gate_weights(ring_g, slot, i_hv, stride_g_slot, phys_j, m_j, RL: tl.constexpr):
-    """`(w, G)` of the committed entries of value head `i_hv`: `w_j = exp(G - G_j)` (`G_j` the
-    cumulative log-decay through entry j, `G` the total; zero past the entries) and `G`."""
-    b_gr = tl.load(ring_g + slot * stride_g_slot + i_hv * RL + phys_j, mask=m_j, other=0)
-    b_gtot = tl.sum(b_gr, 0)
-    return tl.where(m_j, tl.exp(b_gtot - tl.cumsum(b_gr, 0)), 0.0), b_gtot
-
-
-@triton.jit
 def window_algebra(b_gw, b_betaw, b_kk, b_kq, T, BT: tl.constexpr):
     """`(M, C, Gw)` of the window from its gates and key products (`b_kk[j, s] = k_j . k_s`,
     `b_kq[j, s] = k_j . q_s`): the UT transform `M = (I + A)^-1` with `A[i, j] = beta_i
@@ -293,9 +284,7 @@ def _decode_inline_prep(q, k, a, b, A_log, dt_bias, ring_kn, ring_g, b_h, b_ur, 
     b_sq = tl.sum(b_h * b_qs[None, :], 1)
     b_kk, b_kq = ring_key_products(ring_kn, slot, org, wp, i_h, stride_kn_slot, b_ks, b_qs, o_k, mask_k, o_j,
                                    K, RL, RLB)
-    b_gr = tl.load(ring_g + slot * stride_g_slot + i_hv * RL + phys_j, mask=m_j, other=0)
-    b_gtot = tl.sum(b_gr, 0)
-    b_w = tl.where(m_j, tl.exp(b_gtot - tl.cumsum(b_gr, 0)), 0.0)
+    b_w, b_gtot = history_gate_weights(ring_g, slot, i_hv, stride_g_slot, phys_j, m_j, RL)
     b_dec = tl.exp(b_gtot)
     b_wk = b_kk * b_w
     b_wq = b_kq * b_w
@@ -360,8 +349,7 @@ def _gdn_verify_prep_kernel(
     b_kk = tl.zeros([BT, BT], dtype=tl.float32)
     b_kq = tl.zeros([BT, BT], dtype=tl.float32)
     if KC == 0:
-        b_kr = tl.load(ring_k + slot * stride_k_slot + (i_h * RL + phys_j)[:, None] * K + o_k[None, :],
-                       mask=m_j[:, None] & mask_k[None, :], other=0).to(tl.float32)
+        b_kr = history_rows(ring_k, slot, stride_k_slot, i_h, phys_j, m_j, o_k, mask_k, K, RL)
 
         # Key-head products, one draft column at a time.
         for s in tl.static_range(BT):
@@ -490,8 +478,7 @@ def _gdn_verify_state_kernel(
         b_ur = tl.load(ring_d + slot * stride_d_slot + (i_hv * RL + phys_j)[None, :] * V + o_vs[:, None],
                        mask=m_j[None, :] & mask_v[:, None], other=0).to(tl.float32)
     else:
-        b_ur = tl.load(ring_d + slot * stride_d_slot + (i_hv * RL + phys_j)[:, None] * V + o_v[None, :],
-                       mask=m_j[:, None] & mask_v[None, :], other=0).to(tl.float32)  # [RLB, BV]
+        b_ur = history_rows(ring_d, slot, stride_d_slot, i_hv, phys_j, m_j, o_v, mask_v, V, RL)  # [RLB, BV]
 
     if PDL:
         # Launched while the prep launch may still run: the tile and ring history above do not

@@ -235,6 +235,21 @@ def _check_state(state: torch.Tensor, NH: int, P: int, N: int) -> None:
         raise ValueError("state must be contiguous after the slot dimension")
 
 
+def _check_layer_inputs(op: str, x, dt, B, A, D, dt_bias, state, rings, NH: int, P: int, G: int, N: int) -> None:
+    """The checks decode and verify share: head and group counts, the checkpoint, the parameters, and
+    one layer's rings in the activation dtype of `x`, `dt` and `B`."""
+    if NH % G != 0:
+        raise ValueError(f"num_heads={NH} must be a multiple of num_groups={G}")
+    _check_state(state, NH, P, N)
+    _check_params(A, D, dt_bias, NH)
+    check_mamba2_rings(rings, NH, P, G, N)
+    if not rings.per_layer:
+        raise ValueError(f"{op} takes one layer's rings (`rings.layer(i)`)")
+    for name, t in (("x", x), ("dt", dt), ("B", B)):
+        if t.dtype != rings.dtype:
+            raise ValueError(f"`{name}` is {t.dtype}; the rings hold the activation dtype {rings.dtype}")
+
+
 def mamba2_replay_decode(
     x: torch.Tensor,
     dt: torch.Tensor,
@@ -273,16 +288,7 @@ def mamba2_replay_decode(
     """
     Bsz, NH, P = x.shape
     G, N = B.shape[1], B.shape[2]
-    if NH % G != 0:
-        raise ValueError(f"num_heads={NH} must be a multiple of num_groups={G}")
-    _check_state(state, NH, P, N)
-    _check_params(A, D, dt_bias, NH)
-    check_mamba2_rings(rings, NH, P, G, N)
-    if not rings.per_layer:
-        raise ValueError("decode takes one layer's rings (`rings.layer(i)`)")
-    for name, t in (("x", x), ("dt", dt), ("B", B)):
-        if t.dtype != rings.dtype:
-            raise ValueError(f"`{name}` is {t.dtype}; the rings hold the activation dtype {rings.dtype}")
+    _check_layer_inputs("decode", x, dt, B, A, D, dt_bias, state, rings, NH, P, G, N)
     strides = (
         _tok_stride(x, (Bsz, NH, P), "x"), _tok_stride(dt, (Bsz, NH), "dt"),
         _tok_stride(B, (Bsz, G, N), "B"), _tok_stride(C, (Bsz, G, N), "C"),

@@ -33,8 +33,8 @@ import triton
 import triton.language as tl
 
 from .common import mamba2_dt, mamba2_gate, tile_config
-from .decode import _check_params, _check_state
-from .rings import Mamba2Rings, check_mamba2_rings
+from .decode import _check_layer_inputs
+from .rings import Mamba2Rings
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -204,16 +204,7 @@ def mamba2_replay_verify(
     """
     Bsz, T, NH, P = x.shape
     G, N = B.shape[2], B.shape[3]
-    if NH % G != 0:
-        raise ValueError(f"num_heads={NH} must be a multiple of num_groups={G}")
-    _check_state(state, NH, P, N)
-    _check_params(A, D, dt_bias, NH)
-    check_mamba2_rings(rings, NH, P, G, N)
-    if not rings.per_layer:
-        raise ValueError("verify takes one layer's rings (`rings.layer(i)`)")
-    for name, t in (("x", x), ("dt", dt), ("B", B)):
-        if t.dtype != rings.dtype:
-            raise ValueError(f"`{name}` is {t.dtype}; the rings hold the activation dtype {rings.dtype}")
+    _check_layer_inputs("verify", x, dt, B, A, D, dt_bias, state, rings, NH, P, G, N)
     if T > rings.ring_len:
         raise ValueError(f"{T} drafts do not fit a ring of {rings.ring_len} entries")
     strides = (
