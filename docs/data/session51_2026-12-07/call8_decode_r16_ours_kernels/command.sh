@@ -1,0 +1,4 @@
+# session 51, call 8 (run tool, kind=nvidia-h100-x1, carry [".site"], timeout_s 520), at once on call 7's warm H100. 172 s.
+# Ours at the default ring of 16 (no --ring-len) against call 7's stock, then the GDN kernel bench at batch 256
+# (its GPU check: "gdn correctness check on GPU: ok", kb/bench.log).
+mv /tmp/b_decode_gdn /tmp/b_decode_gdn_r8; REPLAYSSM_DIAG_FLUSH=256 DECODE_MODELS=gdn DECODE_CONC=256 DECODE_SIDES=ours DECODE_ARGS="--output-len 2048 --rounds 1" DECODE_POOL_ARGS="--disable-radix-cache --max-mamba-cache-size 300 --max-running-requests 256 --stream-interval 8" PLAN_DEADLINE_S=250 bash scripts/device_plan.sh decode_fixed > $OUT/r16.out 2>&1; tail -5 $OUT/r16.out; OUT=$OUT/kb BENCH_TIMEOUT=200 BENCH_ARGS="--family gdn --batches 256 --gdn-ckpt-split --gdn-decode-plans 5x16x1x1x8x0x1x1x8x13x96 --gdn-verify-plans 16x1x2x6" bash scripts/device_kernels.sh bench > $OUT/kb.out 2>&1; grep -E "^\| 256|bench rc|check|passed|failed" $OUT/kb.out | head -30
