@@ -1,0 +1,2 @@
+# session 52, call 7 (run tool, kind=nvidia-h100-x1, carry [".site"], timeout_s 370), same warm H100. 170 s. Stock again.
+mv /tmp/b_decode_nano9b /tmp/b_decode_nano9b_r16; DECODE_MODELS=nano9b DECODE_CONC=256 DECODE_SIDES=stock DECODE_ARGS="--output-len 2048 --rounds 1" DECODE_POOL_ARGS="--disable-radix-cache --max-running-requests 256 --stream-interval 8" PLAN_DEADLINE_S=330 bash scripts/device_plan.sh decode_fixed

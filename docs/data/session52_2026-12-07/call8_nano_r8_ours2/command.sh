@@ -1,0 +1,2 @@
+# session 52, call 8 (run tool, kind=nvidia-h100-x1, carry [".site"], timeout_s 330), same warm H100. 132 s. Ours at ring 8 again.
+mv /tmp/b_decode_nano9b /tmp/b_decode_nano9b_stock2; DECODE_MODELS=nano9b DECODE_CONC=256 DECODE_SIDES=ours DECODE_ARGS="--output-len 2048 --rounds 1 --ring-len 8" DECODE_POOL_ARGS="--disable-radix-cache --max-running-requests 256 --stream-interval 8" PLAN_DEADLINE_S=300 bash scripts/device_plan.sh decode_fixed
