@@ -673,7 +673,8 @@ _GDN_PDL = 0
 # capped plan no spills, 80 costs 8 bytes. Timed in session 45 (H200, perf.md run 21): 96 is the
 # split layout's large-batch plan's own cap now (its eleventh number); `gdn_decode_maxnreg`, when set,
 # replaces a plan's cap (0 = none). Below 96 a decode cap is refused: at 80 the benchmark's GPU check
-# failed (NaN outputs of plan 5 with fp32 activations at batch 2, H200, session 45).
+# failed (NaN outputs of plan 5 with fp32 activations at batch 2, H200, session 45); 88 passed it
+# but ran slower than 96 in both forms (H100, perf.md run 27).
 _GDN_MAXNREG = {"verify": 0}
 _MAXNREG_MIN = {"verify": 24, "decode": 96}
 

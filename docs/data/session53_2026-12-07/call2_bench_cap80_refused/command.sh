@@ -1,0 +1,3 @@
+# session 53, call 2 (run tool, no kind: an H100 80GB HBM3 came, fresh machine; carry [".site"], timeout_s 540). Tree 78bbcb2.
+# Call 1 (nvidia-h200) started no machine. This call stopped at once: decode caps below 96 are refused (configs._MAXNREG_MIN).
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; date -u; BENCH_TIMEOUT=450 BENCH_ARGS="--family gdn --batches 256,64,1 --gdn-ckpt-split --gdn-decode-plans 5x16x1x1x8x0x1x1x8x13x96,5x16x1x1x8x1x1x1x8x13x96,5x16x1x2x8x1x1x1x8x13x96,5x16x1x1x8x1x1x1x8x13x80,5x16x1x1x8x0x1x1x8x13x88 --gdn-verify-plans 16x1x2x6,32x2x2x6,16x1x1x6x8" bash scripts/device_kernels.sh bench
