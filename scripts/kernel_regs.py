@@ -421,8 +421,9 @@ def decode_plan5_rows(H=16, HV=32, K=128, V=128, L=16, caps=(0, 96, 80), dot=Fal
     activations: outputs from the checkpoint's `hi` plane; the replay form in effect, and its rings),
     with and without its flush capacity, at each register cap of `caps` (configs.gdn_decode_maxnreg;
     0 = none): registers, spills, shared memory and the one-warp programs an SM holds by registers.
-    `dot`: the plan with its tensor-core products (its sixth number 1). `plan`: a `gdn_decode` plan
-    key (`5x16x1x1x8x1x1x1x8x13x96`) instead of the served one."""
+    `dot`: the plan with its tensor-core products (its sixth number 1; the served form since session
+    53), else with the warp reductions (the served form before). `plan`: a `gdn_decode` plan key
+    (`5x16x1x1x8x1x1x1x8x13x96`) instead of the served one."""
     from replayssm_kernels import configs
     from replayssm_kernels.configs import gdn_decode_config, gdn_k_tree
     from replayssm_kernels.gdn import verify_loop
@@ -521,7 +522,8 @@ def main(argv=None):
     ap.add_argument("--caps", default="0,96,80",
                     help="with --decode-plan5: register caps to build (configs.gdn_decode_maxnreg; 0 = none)")
     ap.add_argument("--dot", action="store_true",
-                    help="with --decode-plan5: the plan's tensor-core products (its sixth number 1)")
+                    help="with --decode-plan5: the plan's tensor-core products (its sixth number 1, the served "
+                         "form since session 53); without it the warp reductions")
     ap.add_argument("--plans", default="",
                     help="with --decode-plan5: comma-separated gdn_decode plan keys to build instead of the served "
                          "plan (each key's sixth number is its tensor-core form)")

@@ -149,9 +149,9 @@ def test_plan5_tensor_core_form_only_on_split_half_reads():
     from replayssm_kernels.configs import gdn_decode_config
     from replayssm_kernels.gdn.decode import plan5_constexprs
 
-    served = gdn_decode_config(128, 128, rows=256, split_ckpt=True)
-    assert not served.use_dot, "the default plan keeps the warp reductions until a GPU has timed both"
-    dot = replace(served, use_dot=True)
+    dot = gdn_decode_config(128, 128, rows=256, split_ckpt=True)
+    assert dot.use_dot, "the split layout's large-batch plan has the tensor-core form (perf.md run 28)"
+    nodot = replace(dot, use_dot=False)
     on = 2 if interpreted() else 1
 
     def form(cfg, split, half):
@@ -160,9 +160,9 @@ def test_plan5_tensor_core_form_only_on_split_half_reads():
 
     assert form(dot, True, True) == on
     assert form(dot, False, False) == 0 and form(dot, True, False) == 0
-    assert form(served, True, True) == 0
-    with override("gdn_decode", (5, 16, 1, 1, 8, 1, 1, 1, 8, 13, 96)):
-        assert gdn_decode_config(128, 128).use_dot
+    assert form(nodot, True, True) == 0
+    with override("gdn_decode", (5, 16, 1, 1, 8, 0, 1, 1, 8, 13, 96)):
+        assert not gdn_decode_config(128, 128, rows=256, split_ckpt=True).use_dot
 
 
 def test_gdn_decode_split_ckpt_large_state(device, assert_within_baseline):

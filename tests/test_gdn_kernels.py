@@ -341,7 +341,8 @@ def test_removed_verify_fold_keys_are_refused(monkeypatch):
 def test_gdn_decode_config_by_batch(monkeypatch, device, assert_within_baseline):
     """The decode's default plan by batch: plan 3 below `gdn_decode_large_from` (64) rows, plan 5 with
     the flush rows on 8 programs from there (0 = never), on split pools with one load stage, a flush
-    capacity of 13 % and a register cap of 96; a `gdn_decode` override at every batch. The launch
+    capacity of 13 %, a register cap of 96 and the tensor-core products; a `gdn_decode` override at
+    every batch. The launch
     follows it: with the threshold at 2 rows, a 3-row decode runs the large-batch plan (capacity
     included) with its committed state bit-exact through flushes."""
     from replayssm_kernels import configs
@@ -350,7 +351,7 @@ def test_gdn_decode_config_by_batch(monkeypatch, device, assert_within_baseline)
     monkeypatch.setattr(configs, "_OVERRIDES", {})
     assert gdn_decode_config(128, 128).key() == gdn_decode_config(128, 128, rows=63).key() == "3x16x1x3x8x0x1"
     assert gdn_decode_config(128, 128, rows=64).key() == "5x16x1x2x8x0x1x1x8"
-    assert gdn_decode_config(128, 128, rows=64, split_ckpt=True).key() == "5x16x1x1x8x0x1x1x8x13x96"
+    assert gdn_decode_config(128, 128, rows=64, split_ckpt=True).key() == "5x16x1x1x8x1x1x1x8x13x96"
     assert gdn_decode_config(128, 128, rows=63, split_ckpt=True).key() == "3x16x1x3x8x0x1"
     with override("gdn_decode_large_from", (0,)):
         assert gdn_decode_config(128, 128, rows=4096).split == 3
@@ -363,7 +364,7 @@ def test_gdn_decode_config_by_batch(monkeypatch, device, assert_within_baseline)
 
     def spy(K, V, rows=None, split_ckpt=False):
         cfg = real(K, V, rows=rows, split_ckpt=split_ckpt)
-        seen.append((rows, cfg.split, (cfg.num_stages, cfg.flush_cap, cfg.maxnreg), split_ckpt))
+        seen.append((rows, cfg.split, (cfg.num_stages, cfg.flush_cap, cfg.maxnreg, cfg.use_dot), split_ckpt))
         return cfg
 
     import replayssm_kernels.gdn.decode as dec
@@ -373,8 +374,8 @@ def test_gdn_decode_config_by_batch(monkeypatch, device, assert_within_baseline)
         test_gdn_decode(3, 1, 2, 48, 40, 4, bf16, 9, device, assert_within_baseline)
     assert seen and all(split == 5 for rows, split, *_ in seen if rows >= 2), seen
     # the launch passes its pool's layout (the harness's default, split): the split plan's one stage,
-    # flush capacity and register cap
-    assert {(plan, lay) for rows, split, plan, lay in seen if rows >= 2} == {((1, 13, 96), True)}, seen
+    # flush capacity, register cap and tensor-core products
+    assert {(plan, lay) for rows, split, plan, lay in seen if rows >= 2} == {((1, 13, 96, True), True)}, seen
 
 
 def test_gdn_loop_split_config(monkeypatch):

@@ -293,7 +293,13 @@ _GDN_DECODE_LARGE = GDNDecodeConfig(split=5, block_v=16, num_warps=1, num_stages
 # (stages 0) at the cap 203.3 / 388.4, it spills; each plan checked bit-exact on the GPU first). The cap
 # lets 21 one-warp programs share an SM instead of 16 (offline, ptxas for sm_90: 128 registers without
 # it, 95 under it with no spills); one stage needs 1 KB of shared memory a program instead of 9.4 KB.
-_GDN_DECODE_LARGE_SPLIT = replace(_GDN_DECODE_LARGE, num_stages=1, flush_cap=13, maxnreg=96)
+# Since session 53 with the tensor-core products in the non-flush tiles (`use_dot`; H200, 2026-12-07,
+# docs/perf.md run 28: staggered 134.7 / 248.6 us at batch 256 against 141.0 / 263.2 without, HV 32 / 64,
+# 4.7 % / 5.9 %; 44.5 / 73.9 against 48.3 / 77.0 at 64 rows; every plan checked bit-exact on the GPU
+# first). Four H100 runs (perf.md runs 23-25, 27) gave it 1.3-2.5 % at batch 256, never slower. It
+# runs only on bf16 activations (`plan5_constexprs`); the flush rows, and so the committed state, are
+# the same either way.
+_GDN_DECODE_LARGE_SPLIT = replace(_GDN_DECODE_LARGE, num_stages=1, flush_cap=13, maxnreg=96, use_dot=True)
 _GDN_DECODE_LARGE_FROM = 64
 
 

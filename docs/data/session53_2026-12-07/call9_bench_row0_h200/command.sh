@@ -1,0 +1,2 @@
+# session 53, call 9 (run tool, the same warm H200, needs_h200, carry [".site"], timeout_s 440), right after call 8. Tree 565c45d.
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; date -u; BENCH_TIMEOUT=400 BENCH_ARGS="--family gdn --batches 256,64,1 --gdn-ckpt-split --gdn-decode-plans 5x16x1x1x8x0x1x1x8x13x96,5x16x1x1x8x1x1x1x8x13x96,5x16x1x2x8x1x1x1x8x13x96 --gdn-verify-plans 16x1x2x6,32x2x2x6,16x1x1x6x8" bash scripts/device_kernels.sh bench
