@@ -518,7 +518,8 @@ def main(argv=None):
     ap.add_argument("--state-launch", action="store_true",
                     help="only the GDN verify's state launch per plan (SASS per program and per 16 value rows)")
     ap.add_argument("--decode-plan5", action="store_true",
-                    help="only GDN decode plan 5 as served on split checkpoints, per register cap")
+                    help="only GDN decode plan 5 as served on split checkpoints (its warp-reduction form unless "
+                         "--dot), per register cap")
     ap.add_argument("--caps", default="0,96,80",
                     help="with --decode-plan5: register caps to build (configs.gdn_decode_maxnreg; 0 = none)")
     ap.add_argument("--dot", action="store_true",

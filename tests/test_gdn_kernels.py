@@ -342,9 +342,9 @@ def test_gdn_decode_config_by_batch(monkeypatch, device, assert_within_baseline)
     """The decode's default plan by batch: plan 3 below `gdn_decode_large_from` (64) rows, plan 5 with
     the flush rows on 8 programs from there (0 = never), on split pools with one load stage, a flush
     capacity of 13 %, a register cap of 96 and the tensor-core products; a `gdn_decode` override at
-    every batch. The launch
-    follows it: with the threshold at 2 rows, a 3-row decode runs the large-batch plan (capacity
-    included) with its committed state bit-exact through flushes."""
+    every batch. The launch follows it: with the threshold at 2 rows, a 3-row decode runs the
+    large-batch plan (capacity and tensor-core products included) with its committed state bit-exact
+    through flushes."""
     from replayssm_kernels import configs
     from replayssm_kernels.configs import gdn_decode_config, override
 
