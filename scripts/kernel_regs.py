@@ -427,7 +427,7 @@ def decode_plan5_rows(H=16, HV=32, K=128, V=128, L=16, caps=(0, 96, 80), dot=Fal
     from replayssm_kernels import configs
     from replayssm_kernels.configs import gdn_decode_config, gdn_k_tree
     from replayssm_kernels.gdn import verify_loop
-    from replayssm_kernels.gdn.decode import plan5_constexprs
+    from replayssm_kernels.gdn.decode import check_plan5_warps, plan5_constexprs
 
     if plan is None:
         cfg = replace(gdn_decode_config(K, V, rows=256, split_ckpt=True), use_dot=dot)
@@ -439,6 +439,10 @@ def decode_plan5_rows(H=16, HV=32, K=128, V=128, L=16, caps=(0, 96, 80), dot=Fal
             cfg = gdn_decode_config(K, V, rows=256, split_ckpt=True)
     kern = verify_loop._gdn_decode_loop_kernel
     tree = gdn_k_tree(K)  # the replay form in effect; the tree and shuffle forms read the fp32 `k` ring
+    try:
+        check_plan5_warps(cfg.num_warps, tree)  # a plan the launch refuses is not worth a screen
+    except ValueError as e:
+        raise SystemExit(f"--plans: {cfg.key()}: {e}") from None
     ptrs = {**gdn_pointers(), "ring_fk": "*fp32" if tree else "*bf16", "ring_kn": "*fp32", "ring_kraw": "*bf16",
             "row_order": "*i32", "flush_index": "*i32"}
     base = replace(cfg, maxnreg=0)  # the plan's own cap (its eleventh number) is one of `caps`' rows

@@ -128,3 +128,8 @@ def test_decode_plan5_named_plans_build_as_named():
     both = run_compiled_process("kernel_regs", "--decode-plan5", "--dot", "--caps", "0",
                                 "--plans", "5x32x1x1x8x1x1x1x4x13", timeout=300)
     assert both.returncode == 2 and "--dot with --plans" in both.stderr, (both.stdout[-1000:], both.stderr[-2000:])
+    # A plan the launch refuses (several warps with the served shuffle-form replay) is refused here
+    # too, before anything is compiled (session 54 compiled a four-warp plan the launch rejects).
+    warps = run_compiled_process("kernel_regs", "--decode-plan5", "--caps", "0",
+                                 "--plans", "5x64x4x1x8x1x1x1x8x13", timeout=300)
+    assert warps.returncode != 0 and "--plans" in warps.stderr and "one warp" in warps.stderr, warps.stderr[-2000:]
