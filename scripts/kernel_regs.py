@@ -425,9 +425,9 @@ def decode_plan5_rows(H=16, HV=32, K=128, V=128, L=16, caps=(0, 96, 80), dot=Fal
     53), else with the warp reductions (the served form before). `plan`: a `gdn_decode` plan key
     (`5x16x1x1x8x1x1x1x8x13x96`) instead of the served one."""
     from replayssm_kernels import configs
-    from replayssm_kernels.configs import gdn_decode_config, gdn_k_tree
+    from replayssm_kernels.configs import check_exact_replay_warps, gdn_decode_config, gdn_k_tree
     from replayssm_kernels.gdn import verify_loop
-    from replayssm_kernels.gdn.decode import check_plan5_warps, plan5_constexprs
+    from replayssm_kernels.gdn.decode import plan5_constexprs
 
     if plan is None:
         cfg = replace(gdn_decode_config(K, V, rows=256, split_ckpt=True), use_dot=dot)
@@ -440,7 +440,7 @@ def decode_plan5_rows(H=16, HV=32, K=128, V=128, L=16, caps=(0, 96, 80), dot=Fal
     kern = verify_loop._gdn_decode_loop_kernel
     tree = gdn_k_tree(K)  # the replay form in effect; the tree and shuffle forms read the fp32 `k` ring
     try:
-        check_plan5_warps(cfg.num_warps, tree)  # a plan the launch refuses is not worth a screen
+        check_exact_replay_warps(cfg.num_warps, tree, "decode plan 5")  # as the launch: refused there, not screened
     except ValueError as e:
         raise SystemExit(f"--plans: {cfg.key()}: {e}") from None
     ptrs = {**gdn_pointers(), "ring_fk": "*fp32" if tree else "*bf16", "ring_kn": "*fp32", "ring_kraw": "*bf16",

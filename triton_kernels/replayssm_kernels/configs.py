@@ -524,6 +524,16 @@ def gdn_k_tree(K: int) -> int:
     return _GDN_K_TREE if not interpreted() else 0
 
 
+def check_exact_replay_warps(num_warps: int, tree: int, where: str) -> None:
+    """A launch that runs the exact replay (decode flush rows) in its programs needs one warp, unless
+    the replay is the tree form: the plain and shuffle forms' K sums follow one warp's lanes.
+    `where` names the launch in the ValueError, which names the fix."""
+    if num_warps != 1 and tree != 1:
+        raise ValueError(f"{where} runs the exact replay in its programs: it needs one warp in the "
+                         f"{GDN_K_FORMS[tree]} form (its sums follow the warp's lanes), got {num_warps}; use "
+                         f"num_warps=1 or the tree form (REPLAYSSM_CONFIG=gdn_k_tree=1)")
+
+
 def ring_min_batch(family: str) -> int:
     if f"{family}_ring_min_batch" in _OVERRIDES:
         return _OVERRIDES[f"{family}_ring_min_batch"][0]

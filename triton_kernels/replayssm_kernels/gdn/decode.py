@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import (GDN_K_FORMS, gdn_decode_config, gdn_decode_maxnreg, gdn_history_rt, gdn_k_tree,
+from ..configs import (check_exact_replay_warps, gdn_decode_config, gdn_decode_maxnreg, gdn_history_rt, gdn_k_tree,
                        gdn_replay_unroll, interpreted, maxnreg_option)
 from .common import (ckpt_load, gdn_decode_flush, gdn_l2norm, gdn_l2norm_vec, gdn_ring_append_gate_keys, gdn_tile_ids,
                      gdn_token_gate, history_gate_weights, history_rows)
@@ -172,15 +172,6 @@ def _tok_stride(t: torch.Tensor, inner: tuple[int, int], name: str) -> int:
     return t.stride(0)
 
 
-def check_plan5_warps(num_warps: int, tree: int) -> None:
-    """Decode plan 5 runs the exact replay inside its programs: one warp unless the replay is the
-    tree form (`gdn_k_tree=1`). Raises ValueError naming the fix otherwise."""
-    if num_warps != 1 and tree != 1:
-        raise ValueError(f"decode plan 5 runs the exact path in its programs: one warp in the "
-                         f"{GDN_K_FORMS[tree]} form, got {num_warps}; use num_warps=1 (the plan's third "
-                         f"number) or REPLAYSSM_CONFIG=gdn_k_tree=1")
-
-
 def plan5_constexprs(cfg, H: int, HV: int, K: int, V: int, RL: int, *, tree: int, split: bool, half: bool,
                      ordered: bool, raw_k: bool, capped: bool = True) -> dict:
     """The compile-time arguments of decode plan 5's launch (`_gdn_decode_loop_kernel`) for a decode
@@ -311,7 +302,7 @@ def gdn_replay_decode(
     bv_cfg = min(triton.next_power_of_2(V), cfg.block_v)
     if cfg.split == 5:
         # One launch, one program per row and value head (verify_loop.py).
-        check_plan5_warps(cfg.num_warps, tree)
+        check_exact_replay_warps(cfg.num_warps, tree, "decode plan 5 (gdn_decode's third number: its warps)")
         ring_fk = rings.replay_keys(tree)
         meta = plan5_constexprs(cfg, H, HV, K, V, RL, tree=tree, split=split, half=half,
                                 ordered=row_order is not None, raw_k=rings.has_raw_keys,

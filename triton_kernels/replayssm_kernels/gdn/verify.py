@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import (GDN_K_FORMS, gdn_history_rt, gdn_k_tree, gdn_pdl, gdn_prep_plan, gdn_replay_unroll,
+from ..configs import (check_exact_replay_warps, gdn_history_rt, gdn_k_tree, gdn_pdl, gdn_prep_plan, gdn_replay_unroll,
                        gdn_state_dot, gdn_state_kc, gdn_verify_config, gdn_verify_loop_split, gdn_verify_maxnreg,
                        maxnreg_option)
 from .ckpt import check_split_form, ckpt_half_reads
@@ -334,10 +334,8 @@ def _verify_split(q, k, v, a, b, A_log, dt_bias, state, rings, slot_idx, wpos, o
     sq, sk, sv = _strides4(q, K, "q"), _strides4(k, K, "k"), _strides4(v, V, "v")
     rows = (row_wp, row_flush) if row_wp is not None else (slot_idx, slot_idx)  # unused without ROWS
     tree = gdn_k_tree(K)
-    if flush_cols and num_warps != 1 and tree != 1:
-        raise ValueError(f"the exact decode path in the state launch needs one warp in the {GDN_K_FORMS[tree]} "
-                         "form (its sums follow the warp's lanes); use num_warps=1 or the tree form "
-                         "(REPLAYSSM_CONFIG=gdn_k_tree=1)")
+    if flush_cols:
+        check_exact_replay_warps(num_warps, tree, "the GDN decode's state launch")
     ring_fk = rings.replay_keys(tree)
     prep_warps, prep_kc = gdn_prep_plan(K)
     pdl = gdn_pdl() and not inline_prep
