@@ -1,0 +1,3 @@
+# session 55, call 4 (run tool, plain kind; an H200 came; carry [".site"], timeout_s 600), a fresh machine. Tree 6a9632a.
+# The stock server took 267 s to start (first server of a fresh machine); ours started, but the time budget left no room for its case.
+nvidia-smi --query-gpu=name --format=csv,noheader; REPLAYSSM_DIAG_FLUSH=256 DECODE_MODELS=gdn DECODE_CONC=256 DECODE_SIDES=stock,ours DECODE_ARGS="--output-len 2048 --rounds 1" DECODE_POOL_ARGS="--disable-radix-cache --max-mamba-cache-size 300 --max-running-requests 256 --stream-interval 8" PLAN_DEADLINE_S=580 bash scripts/device_plan.sh install decode_fixed

@@ -1,0 +1,3 @@
+# session 55, call 7 (run tool, the same warm H200, carry [".site"], timeout_s 435), right after call 6, 446 s of device time left. Tree 6a9632a.
+# No case ran: the first Nano-9B stock server took 282 s to start (flashinfer attention and the Mamba-2 kernels compile on first use), and the time budget ran out.
+nvidia-smi --query-gpu=name --format=csv,noheader; DECODE_MODELS=nano9b DECODE_CONC=256 DECODE_SIDES=stock,ours DECODE_ARGS="--output-len 2048 --rounds 1" DECODE_POOL_ARGS="--disable-radix-cache --max-running-requests 256 --stream-interval 8" PLAN_DEADLINE_S=415 bash scripts/device_plan.sh decode_fixed
